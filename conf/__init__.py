@@ -1,0 +1,1 @@
+"""Config files; `local.yaml` ships inside the package as the embedded default."""

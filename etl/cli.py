@@ -1,0 +1,125 @@
+"""The `lakeshard` command."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from etl.config import Config, ConfigError, load_config
+
+__all__ = ["main"]
+
+
+def _load(args) -> Config:
+    return load_config(args.conf)
+
+
+def _cmd_run(args) -> int:
+    from etl.jobs.run import format_summary, run
+
+    run_id, cur, exports = run(_load(args), export_names=tuple(args.export) or None)
+    print(format_summary(run_id, cur, exports))
+    return 0
+
+
+def _cmd_curate(args) -> int:
+    from etl.jobs.run import format_summary, run
+
+    run_id, cur, _ = run(_load(args), stages=("curate",))
+    print(format_summary(run_id, cur, []))
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from etl.jobs.run import format_summary, run
+
+    cfg = _load(args)
+    names = tuple(args.name) or tuple(e.name for e in cfg.exports)
+    if not names:
+        raise ConfigError("exports: no export configured (add one under `exports:`)")
+    run_id, _, exports = run(cfg, stages=("export",), export_names=names)
+    print(format_summary(run_id, None, exports))
+    return 0
+
+
+def _cmd_samples(args) -> int:
+    from etl.samples import ensure_samples
+
+    cfg = _load(args)
+    built = ensure_samples(cfg)
+    for src in cfg.sources:
+        if src.sample:
+            state = "built" if src in built else "exists"
+            print(f"{src.name:<20} {state:<7} {src.path}")
+    return 0
+
+
+def _cmd_sql(args) -> int:
+    from etl.session import get_spark, register_lance_views
+
+    cfg = _load(args)
+    spark = get_spark(cfg)
+    views = register_lance_views(spark, cfg)
+    logging.getLogger("lakeshard").info("views: %s", ", ".join(views) or "none")
+    spark.sql(args.query).show(args.limit, truncate=not args.no_truncate)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lakeshard",
+        description="Image-caption sources -> curated Lance table -> MDS shards.",
+    )
+    parser.add_argument(
+        "--conf", help="YAML config (default: the embedded conf/local.yaml)", default=None
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("run", help="all stages: curate, then every configured export")
+    p.add_argument("--export", action="append", default=[], help="only this export (repeatable)")
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser("curate", help="ingest sources, prepare images, write Lance + rejects")
+    p.set_defaults(func=_cmd_curate)
+
+    p = sub.add_parser("export", help="export the curated table to MDS")
+    p.add_argument("--name", action="append", default=[], help="export name (repeatable)")
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("samples", help="build the bundled sample sources if missing")
+    p.set_defaults(func=_cmd_samples)
+
+    p = sub.add_parser("sql", help="run Spark SQL over the Lance tables (views by name)")
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--no-truncate", action="store_true")
+    p.set_defaults(func=_cmd_sql)
+
+    for name, sp in sub.choices.items():
+        # Accept --conf after the subcommand too: `lakeshard run --conf x.yaml`.
+        sp.add_argument("--conf", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from etl.session import JarsMissingError
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return args.func(args)
+    except ConfigError as exc:
+        print(f"lakeshard: config error: {exc}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, JarsMissingError) as exc:
+        print(f"lakeshard: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Jobs: read, call transforms, write, record stats."""

@@ -1,0 +1,114 @@
+"""Bundled sample sources for the embedded default config.
+
+Built on first run from real photos that scikit-image ships inside its wheel (read
+from the installed package; nothing is downloaded): an image folder with sidecar
+captions and a parquet file with embedded image bytes and alt text. Each sample also
+carries a few bad records, so a first run shows how rejects are reported.
+"""
+
+from __future__ import annotations
+
+import logging
+from importlib import resources
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from etl.config import Config, ConfigError, SourceConfig
+from etl.sources.base import is_local_path, local_path
+
+__all__ = ["ensure_samples", "FOLDER_PHOTOS", "TABLE_PHOTOS"]
+
+log = logging.getLogger(__name__)
+
+# file in skimage/data -> (relative path in the folder source, caption or None)
+FOLDER_PHOTOS = {
+    "astronaut.png": ("people/astronaut.png", "Astronaut Eileen Collins in an orange "
+                      "flight suit, smiling, with an American flag and a space shuttle "
+                      "model behind her."),
+    "chelsea.png": ("animals/chelsea.png", "A tabby cat lying down, looking to the "
+                    "left, lit from the side."),
+    "coffee.png": ("objects/coffee.png", "A cup of coffee with latte art on a saucer "
+                   "with a spoon, seen from above on a wooden table."),
+    "rocket.jpg": ("objects/rocket.jpg", "A rocket on a launch pad under a clear "
+                   "sky, with a service tower beside it."),
+    "logo.png": ("graphics/logo.png", None),  # RGBA, no caption: kept, caption null
+    "camera.png": ("people/cameraman.png", "A black-and-white photo of a man "
+                   "operating a camera on a tripod."),
+}
+# bad records: relative path -> bytes (a truncated JPEG, an empty file, text as .png)
+FOLDER_BAD = {
+    "broken/truncated.jpg": None,  # the first half of rocket.jpg
+    "broken/empty.jpg": b"",
+    "broken/notes.png": b"this is a text file with an image extension\n",
+}
+
+TABLE_PHOTOS = [
+    ("hubble", "hubble_deep_field.jpg", "Hubble deep field: hundreds of distant "
+     "galaxies on a black background."),
+    ("retina", "retina.jpg", "A fundus photograph of a human retina with blood "
+     "vessels."),
+    ("motorcycle", "motorcycle_left.png", "A motorcycle parked indoors, seen from "
+     "the side."),
+    ("page", "page.png", "A scanned page of printed text."),
+    ("coins", "coins.png", "Greek coins on a dark background, black and white."),
+    ("brick", "brick.png", "A close-up of a grey brick wall texture."),
+]
+
+
+def _skimage_file(name: str) -> bytes:
+    return resources.files("skimage").joinpath("data", name).read_bytes()
+
+
+def _build_image_folder(root: Path) -> None:
+    for src_name, (rel, caption) in FOLDER_PHOTOS.items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_bytes(_skimage_file(src_name))
+        if caption is not None:
+            dest.with_suffix(".txt").write_text(caption + "\n", encoding="utf-8")
+    for rel, data in FOLDER_BAD.items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        rocket = _skimage_file("rocket.jpg")
+        dest.write_bytes(rocket[: len(rocket) // 2] if data is None else data)
+
+
+def _build_table(path: Path) -> None:
+    rows = [
+        {"id": key, "jpg": _skimage_file(name), "alt_text": caption,
+         "url": f"https://example.org/images/{name}", "license": "BSD-3-Clause"}
+        for key, name, caption in TABLE_PHOTOS
+    ]
+    rows.append({"id": "missing-bytes", "jpg": None, "alt_text": "an image that was "
+                 "never downloaded", "url": "https://example.org/404.jpg", "license": None})
+    rows.append({"id": "garbage", "jpg": b"\x00" * 64, "alt_text": "random bytes",
+                 "url": "https://example.org/garbage.jpg", "license": None})
+    schema = pa.schema([("id", pa.string()), ("jpg", pa.binary()), ("alt_text", pa.string()),
+                        ("url", pa.string()), ("license", pa.string())])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
+
+
+_BUILDERS = {"image_folder": _build_image_folder, "table": _build_table}
+
+
+def ensure_samples(cfg: Config) -> list[SourceConfig]:
+    """Build every source marked `sample: true` whose path does not exist yet."""
+    built = []
+    for src in cfg.sources:
+        if not src.sample:
+            continue
+        if src.kind not in _BUILDERS or not is_local_path(src.path):
+            raise ConfigError(
+                f"source {src.name!r}: sample: true needs a local path and kind "
+                f"{' or '.join(sorted(_BUILDERS))}"
+            )
+        path = local_path(src.path)
+        if path.exists():
+            continue
+        log.info("building sample source %s at %s", src.name, path)
+        _BUILDERS[src.kind](path)
+        built.append(src)
+    return built

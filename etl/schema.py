@@ -1,0 +1,88 @@
+"""The common schema every source adapter produces, and the curated table's schema.
+
+Everything else imports these definitions; nothing re-declares a column list.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+__all__ = [
+    "SAMPLE_ID_SEPARATOR",
+    "INGEST_SCHEMA",
+    "INGEST_COLUMNS",
+    "CURATED_SCHEMA",
+    "CURATED_COLUMNS",
+    "REJECTS_SCHEMA",
+    "sample_id_col",
+]
+
+# The separator between source name and source key when hashing the sample id. A
+# control character cannot occur in a source name, so ("a", "b_c") and ("a_b", "c")
+# never collide.
+SAMPLE_ID_SEPARATOR = "\x1f"
+
+# What every source adapter returns: one row per input record, before image work.
+# `read_status`/`read_reason` carry per-record read failures (a missing file, null
+# bytes) so that no record is dropped before it is counted.
+INGEST_SCHEMA = T.StructType(
+    [
+        T.StructField("sample_id", T.StringType(), False),
+        T.StructField("source", T.StringType(), False),
+        T.StructField("source_key", T.StringType(), False),
+        T.StructField("source_uri", T.StringType(), True),
+        T.StructField("caption_original", T.StringType(), True),
+        T.StructField("license", T.StringType(), True),
+        T.StructField("metadata_json", T.StringType(), True),
+        T.StructField("image_bytes", T.BinaryType(), True),
+        T.StructField("read_status", T.StringType(), False),
+        T.StructField("read_reason", T.StringType(), True),
+    ]
+)
+INGEST_COLUMNS = tuple(INGEST_SCHEMA.fieldNames())
+
+# The curated Lance table (one row per accepted sample).
+CURATED_SCHEMA = T.StructType(
+    [
+        T.StructField("sample_id", T.StringType(), False),
+        T.StructField("source", T.StringType(), False),
+        T.StructField("source_key", T.StringType(), False),
+        T.StructField("source_uri", T.StringType(), True),
+        T.StructField("caption_original", T.StringType(), True),
+        T.StructField("license", T.StringType(), True),
+        T.StructField("metadata_json", T.StringType(), True),
+        T.StructField("image", T.BinaryType(), False),
+        T.StructField("width", T.IntegerType(), False),
+        T.StructField("height", T.IntegerType(), False),
+        T.StructField("original_width", T.IntegerType(), False),
+        T.StructField("original_height", T.IntegerType(), False),
+        T.StructField("original_format", T.StringType(), True),
+        T.StructField("original_bytes", T.LongType(), False),
+        T.StructField("image_bytes", T.LongType(), False),
+        T.StructField("run_id", T.StringType(), False),
+        T.StructField("ingested_at", T.TimestampType(), False),
+    ]
+)
+CURATED_COLUMNS = tuple(CURATED_SCHEMA.fieldNames())
+
+# The Delta `rejects` table: one row per record that did not make it, and why.
+REJECTS_SCHEMA = T.StructType(
+    [
+        T.StructField("sample_id", T.StringType(), False),
+        T.StructField("source", T.StringType(), False),
+        T.StructField("source_key", T.StringType(), False),
+        T.StructField("source_uri", T.StringType(), True),
+        T.StructField("stage", T.StringType(), False),
+        T.StructField("reason", T.StringType(), False),
+        T.StructField("detail", T.StringType(), True),
+        T.StructField("run_id", T.StringType(), False),
+    ]
+)
+
+
+def sample_id_col(source: Column, source_key: Column) -> Column:
+    """Stable id: the first 32 hex digits of sha256(source + US + source_key)."""
+    joined = F.concat(source, F.lit(SAMPLE_ID_SEPARATOR), source_key)
+    return F.substring(F.sha2(joined, 256), 1, 32)

@@ -1,0 +1,103 @@
+"""The one SparkSession factory, driven by config.
+
+Delta comes in through its JARs (``spark.jars`` from the folder ``make jars`` fills)
+and its SQL extension and catalog; Lance through the Python data source
+:class:`etl.writers.lance.LanceDataSource`, registered as format ``lance``, plus
+temporary views over the curated tables for SQL (:func:`register_lance_views`).
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from pyspark.sql import SparkSession
+
+from etl.config import Config, ConfigError
+
+__all__ = ["spark_conf", "get_spark", "register_lance_views", "JarsMissingError"]
+
+_DELTA_JAR = "delta-spark_4.1_2.13-*.jar"
+
+
+class JarsMissingError(RuntimeError):
+    """The JARs Spark needs are not where the config says."""
+
+
+def _jar_paths(cfg: Config) -> list[str]:
+    if cfg.spark.jars_dir is None:
+        return []  # a cluster that installs the JARs as libraries
+    jars_dir = Path(cfg.spark.jars_dir).resolve()
+    jars = sorted(glob.glob(str(jars_dir / "*.jar")))
+    if not any(Path(j).match(_DELTA_JAR) for j in jars):
+        raise JarsMissingError(
+            f"Delta JAR ({_DELTA_JAR}) not found in {jars_dir} (spark.jars_dir). "
+            "Run `make jars` (needs Maven: `apt-get install maven`) to fetch it."
+        )
+    return jars
+
+
+def spark_conf(cfg: Config) -> dict[str, str]:
+    """Every Spark setting lakeshard applies; config's `spark.conf` wins."""
+    conf = {
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        "spark.sql.python.filterPushdown.enabled": "true",
+        "spark.python.worker.reuse": "true",
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.shuffle.partitions": "8",
+        "spark.ui.showConsoleProgress": "true",
+    }
+    jars = _jar_paths(cfg)
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
+    root = cfg.storage.root
+    if "://" not in root:
+        conf["spark.sql.warehouse.dir"] = str(Path(root, "warehouse").resolve())
+    conf.update(cfg.spark.conf)
+    return conf
+
+
+def _check_java() -> None:
+    java_home = os.environ.get("JAVA_HOME")
+    java = Path(java_home, "bin", "java") if java_home else shutil.which("java")
+    if not java or not Path(java).exists():
+        raise JarsMissingError(
+            "Java not found (no JAVA_HOME, no `java` on PATH). Spark 4.1 needs Java 17 or "
+            "21: `apt-get install openjdk-17-jre-headless`."
+        )
+
+
+def get_spark(cfg: Config) -> SparkSession:
+    """Build (or return the running) SparkSession for `cfg`."""
+    from etl.writers.lance import LanceDataSource
+
+    if cfg.spark.master.startswith("local"):
+        _check_java()
+        # Executors are Python workers of this same interpreter.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(cfg.spark.master).appName(cfg.spark.app_name)
+    for key, value in spark_conf(cfg).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    spark.dataSource.register(LanceDataSource)
+    return spark
+
+
+def register_lance_views(spark: SparkSession, cfg: Config) -> list[str]:
+    """Create a temporary view per Lance table under ``<root>/lance/<namespace>/``
+    (``curated`` for ``curated.lance``), so analysts can ``spark.sql`` them."""
+    lance_dir = cfg.storage.lance_dir
+    if "://" in lance_dir:
+        raise ConfigError("register_lance_views lists local folders only; use format('lance')")
+    names = []
+    for table in sorted(Path(lance_dir).glob("*.lance")):
+        name = table.name[: -len(".lance")]
+        spark.read.format("lance").load(str(table)).createOrReplaceTempView(name)
+        names.append(name)
+    return names

@@ -1,0 +1,70 @@
+"""The adapter interface and the columns every adapter's output gets in common."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from urllib.parse import urlparse
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from etl.config import ConfigError, SourceConfig
+from etl.schema import INGEST_COLUMNS, sample_id_col
+
+__all__ = ["SourceAdapter", "finish_ingest", "is_local_path", "local_path"]
+
+
+class SourceAdapter(ABC):
+    kind: str
+    # Common-schema fields a `columns:` mapping may name, and those it must name.
+    mappable: frozenset[str] = frozenset()
+    required_mapping: frozenset[str] = frozenset()
+
+    def validate_config(self, source: SourceConfig, where: str) -> None:
+        """Static checks on the parsed config; raise ConfigError naming the field."""
+        unknown = sorted(set(source.columns) - self.mappable)
+        if unknown:
+            allowed = ", ".join(sorted(self.mappable)) or "none"
+            raise ConfigError(
+                f"{where}.columns: {unknown[0]!r} is not a field a {self.kind} source "
+                f"can map (allowed: {allowed})"
+            )
+        for key in sorted(self.required_mapping - set(source.columns)):
+            raise ConfigError(f"{where}.columns.{key}: required for kind {self.kind!r}")
+
+    @abstractmethod
+    def check_inputs(self, source: SourceConfig) -> None:
+        """Driver-side checks against the inputs (no Spark job): paths, columns."""
+
+    @abstractmethod
+    def read(self, spark: SparkSession, source: SourceConfig) -> DataFrame:
+        """Rows with source_key, source_uri, caption_original, license, metadata_json,
+        image_bytes, read_status, read_reason; :func:`finish_ingest` adds the rest."""
+
+
+def finish_ingest(df: DataFrame, source: SourceConfig) -> DataFrame:
+    """Add `source` and the stable `sample_id`, apply the source's default licence,
+    and return exactly the common ingest columns."""
+    out = df.withColumn("source", F.lit(source.name))
+    if source.license is not None:
+        out = out.withColumn("license", F.coalesce(F.col("license"), F.lit(source.license)))
+    out = out.withColumn("sample_id", sample_id_col(F.col("source"), F.col("source_key")))
+    return out.select(*INGEST_COLUMNS)
+
+
+def is_local_path(path: str) -> bool:
+    scheme = urlparse(path).scheme
+    return scheme in ("", "file") or len(scheme) == 1  # a Windows drive letter
+
+
+def local_path(path: str) -> Path:
+    return Path(urlparse(path).path if path.startswith("file:") else path)
+
+
+def require_exists(source: SourceConfig) -> None:
+    if is_local_path(source.path) and not local_path(source.path).exists():
+        raise ConfigError(
+            f"source {source.name!r}: path {source.path!r} does not exist "
+            f"(field sources[].path of {source.name!r})"
+        )

@@ -1,0 +1,1 @@
+"""Pure DataFrame -> DataFrame transforms: no paths, no global session."""

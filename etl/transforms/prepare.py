@@ -1,0 +1,77 @@
+"""Ingest rows -> prepared rows (decoded, oriented, re-encoded as JPEG) and rejects."""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
+from udfs.images import prepare_udf
+
+__all__ = ["prepare_images", "accepted_rows", "rejected_rows", "outcome_counts"]
+
+
+def prepare_images(
+    ingested: DataFrame, *, quality: int, max_bytes: int, max_pixels: int
+) -> DataFrame:
+    """Run the image UDF over rows that were read; keep every row.
+
+    The result has the ingest columns, a `prepared` struct (null where the read
+    already failed) and a final `status` / `stage` / `reason` / `detail` per row.
+    """
+    udf = prepare_udf(quality=quality, max_bytes=max_bytes, max_pixels=max_pixels)
+    read_ok = F.col("read_status") == "ok"
+    prepared = ingested.withColumn(
+        "prepared", F.when(read_ok, udf(F.col("image_bytes")))
+    )
+    p = F.col("prepared")
+    return prepared.select(
+        "*",
+        F.when(read_ok, p.status).otherwise(F.col("read_status")).alias("status"),
+        F.when(read_ok, F.lit("prepare")).otherwise(F.lit("ingest")).alias("stage"),
+        F.when(read_ok, p.reason).otherwise(F.col("read_reason")).alias("reason"),
+        F.when(read_ok, p.detail).alias("detail"),
+    )
+
+
+def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column) -> DataFrame:
+    """Rows for the curated table, in its column order."""
+    p = F.col("prepared")
+    return prepared.where(F.col("status") == "ok").select(
+        "sample_id",
+        "source",
+        "source_key",
+        "source_uri",
+        "caption_original",
+        "license",
+        "metadata_json",
+        p.image.alias("image"),
+        p.width.alias("width"),
+        p.height.alias("height"),
+        p.original_width.alias("original_width"),
+        p.original_height.alias("original_height"),
+        p.original_format.alias("original_format"),
+        p.original_bytes.alias("original_bytes"),
+        F.length(p.image).cast("long").alias("image_bytes"),
+        F.lit(run_id).alias("run_id"),
+        ingested_at.alias("ingested_at"),
+    ).select(*CURATED_COLUMNS)
+
+
+def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
+    """Rows for the rejects table: which record, at which stage, and why."""
+    return prepared.where(F.col("status") != "ok").select(
+        "sample_id",
+        "source",
+        "source_key",
+        "source_uri",
+        "stage",
+        F.coalesce("reason", F.lit("unknown")).alias("reason"),
+        "detail",
+        F.lit(run_id).alias("run_id"),
+    ).select(*REJECTS_SCHEMA.fieldNames())
+
+
+def outcome_counts(prepared: DataFrame) -> DataFrame:
+    """Counts by (source, stage, status, reason): the run's accounting, as data."""
+    return prepared.groupBy("source", "stage", "status", "reason").count()

@@ -1,0 +1,255 @@
+"""Lance tables from Spark: a Python data source named ``lance``.
+
+The Lance Spark connector (``org.lance:lance-spark-bundle-4.1_2.13``) is not served by
+the package registry this project builds from (see README, "Pins"), so lakeshard talks
+to Lance through pylance inside Spark's Python data source API (Spark >= 4.0):
+
+* **write** -- every Spark task writes its rows as Lance fragments (data files only,
+  nothing visible yet) and returns their metadata; the driver commits all fragments in
+  one transaction (``Overwrite`` or ``Append``), so a failed or retried task never leaves
+  rows in the table, and each write is exactly one new table version.
+* **read** -- one Spark partition per fragment of a pinned table version, Arrow batches
+  straight from pylance, simple comparison filters pushed down to Lance's scanner, and
+  an optional ``columns`` option to avoid reading image bytes.
+
+Usage::
+
+    df.write.format("lance").mode("overwrite").save(path)
+    spark.read.format("lance").option("columns", "sample_id,width").load(path)
+    spark.read.format("lance").option("version", "3").load(path)   # time travel
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Iterable, Iterator
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    IsNull,
+    LessThan,
+    LessThanOrEqual,
+    WriterCommitMessage,
+)
+from pyspark.sql.types import StructType
+
+__all__ = ["LanceDataSource", "lance_filter_sql", "table_version"]
+
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def _dataset(path: str, version: int | None = None):
+    import lance
+
+    return lance.dataset(path, version=version)
+
+
+def table_version(path: str) -> int:
+    """The latest version of the Lance table at `path`."""
+    return _dataset(path).version
+
+
+# ----------------------------------------------------------------------------- read
+
+
+def _literal(value) -> str | None:
+    """A Lance SQL literal for a Python value, or None where unsupported."""
+    if isinstance(value, bool):
+        return "TRUE" if value else "FALSE"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    return None
+
+
+def lance_filter_sql(flt: Filter) -> str | None:
+    """Translate one Spark pushed-down filter to a Lance SQL predicate, or None."""
+    if len(flt.attribute) != 1 or not _IDENT.match(flt.attribute[0]):
+        return None
+    col = flt.attribute[0]
+    if isinstance(flt, IsNull):
+        return f"{col} IS NULL"
+    if isinstance(flt, IsNotNull):
+        return f"{col} IS NOT NULL"
+    if isinstance(flt, In):
+        lits = [_literal(v) for v in flt.value]
+        if not lits or any(lit is None for lit in lits):
+            return None
+        return f"{col} IN ({', '.join(lits)})"
+    ops = {
+        EqualTo: "=",
+        GreaterThan: ">",
+        GreaterThanOrEqual: ">=",
+        LessThan: "<",
+        LessThanOrEqual: "<=",
+    }
+    op = ops.get(type(flt))
+    lit = _literal(getattr(flt, "value", None))
+    if op is None or lit is None:
+        return None
+    return f"{col} {op} {lit}"
+
+
+class _LanceReader(DataSourceReader):
+    def __init__(self, path: str, version: int, columns: list[str]):
+        self.path = path
+        self.version = version
+        self.columns = columns
+        self.predicates: list[str] = []
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        for flt in filters:
+            sql = lance_filter_sql(flt)
+            if sql is None:
+                yield flt
+            else:
+                self.predicates.append(sql)
+
+    def partitions(self) -> list[InputPartition]:
+        # One partition per fragment; the partition's value is its fragment ids.
+        frags = [f.fragment_id for f in _dataset(self.path, self.version).get_fragments()]
+        return [InputPartition([fid]) for fid in frags] or [InputPartition([])]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not partition.value:
+            return
+        ds = _dataset(self.path, self.version)
+        flt = " AND ".join(f"({p})" for p in self.predicates) or None
+        for fid in partition.value:
+            frag = ds.get_fragment(fid)
+            for batch in frag.to_batches(columns=self.columns, filter=flt, batch_size=1024):
+                yield batch
+
+
+# ---------------------------------------------------------------------------- write
+
+
+@dataclass
+class _LanceCommit(WriterCommitMessage):
+    fragments_json: list[str] = field(default_factory=list)
+    rows: int = 0
+
+
+class _LanceWriter(DataSourceArrowWriter):
+    def __init__(self, path: str, schema: pa.Schema, overwrite: bool, max_rows_per_file: int):
+        self.path = path
+        self.schema = schema
+        self.overwrite = overwrite
+        self.max_rows_per_file = max_rows_per_file
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> _LanceCommit:
+        from lance.fragment import write_fragments
+
+        rows = 0
+
+        def batches():
+            nonlocal rows
+            for batch in iterator:
+                rows += batch.num_rows
+                yield batch.cast(self.schema) if batch.schema != self.schema else batch
+
+        reader = pa.RecordBatchReader.from_batches(self.schema, batches())
+        fragments = write_fragments(
+            reader, self.path, schema=self.schema, max_rows_per_file=self.max_rows_per_file
+        )
+        if rows == 0:
+            return _LanceCommit([], 0)
+        return _LanceCommit([json.dumps(f.to_json()) for f in fragments], rows)
+
+    def commit(self, messages: list[_LanceCommit | None]) -> None:
+        import lance
+        from lance.fragment import FragmentMetadata
+
+        fragments = [
+            FragmentMetadata.from_json(js) for m in messages if m for js in m.fragments_json
+        ]
+        exists = _exists(self.path)
+        if self.overwrite or not exists:
+            op = lance.LanceOperation.Overwrite(self.schema, fragments)
+        else:
+            op = lance.LanceOperation.Append(fragments)
+        read_version = table_version(self.path) if exists else None
+        lance.LanceDataset.commit(self.path, op, read_version=read_version)
+
+    def abort(self, messages: list[_LanceCommit | None]) -> None:
+        """Remove the data files of tasks that finished; nothing was committed."""
+        from lance.fragment import FragmentMetadata
+
+        for m in messages:
+            for js in (m.fragments_json if m else []):
+                for data_file in FragmentMetadata.from_json(js).files:
+                    local = os.path.join(self.path, "data", data_file.path)
+                    if os.path.exists(local):
+                        os.remove(local)
+
+
+def _exists(path: str) -> bool:
+    try:
+        _dataset(path)
+        return True
+    except (ValueError, OSError, FileNotFoundError):
+        return False
+
+
+class LanceDataSource(DataSource):
+    """``format("lance")``: options ``path`` (required), ``version``, ``columns``,
+    ``max_rows_per_file`` (write)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "lance"
+
+    def _path(self) -> str:
+        path = self.options.get("path")
+        if not path:
+            raise ValueError("format('lance') needs a path: .load(path) or .save(path)")
+        return path
+
+    def _version(self) -> int | None:
+        v = self.options.get("version")
+        return int(v) if v not in (None, "") else None
+
+    def schema(self) -> StructType:
+        from pyspark.sql.pandas.types import from_arrow_schema
+
+        arrow = _dataset(self._path(), self._version()).schema
+        wanted = self._columns(arrow)
+        return from_arrow_schema(pa.schema([arrow.field(c) for c in wanted]))
+
+    def _columns(self, arrow: pa.Schema) -> list[str]:
+        raw = self.options.get("columns")
+        if not raw:
+            return list(arrow.names)
+        cols = [c.strip() for c in raw.split(",") if c.strip()]
+        missing = [c for c in cols if c not in arrow.names]
+        if missing:
+            raise ValueError(
+                f"lance table {self._path()!r} has no column {missing[0]!r} "
+                f"(columns: {', '.join(arrow.names)})"
+            )
+        return cols
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        path = self._path()
+        version = self._version() or table_version(path)
+        return _LanceReader(path, version, list(schema.fieldNames()))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        max_rows = int(self.options.get("max_rows_per_file", 1024 * 1024))
+        return _LanceWriter(self._path(), to_arrow_schema(schema), overwrite, max_rows)

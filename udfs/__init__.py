@@ -1,0 +1,1 @@
+"""pandas UDFs shipped to Spark executors. Import-light: heavy libraries load lazily."""
