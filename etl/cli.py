@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-truncate", action="store_true")
     p.set_defaults(func=_cmd_sql)
 
-    for name, sp in sub.choices.items():
+    for _name, sp in sub.choices.items():
         # Accept --conf after the subcommand too: `lakeshard run --conf x.yaml`.
         sp.add_argument("--conf", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser

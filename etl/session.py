@@ -46,7 +46,6 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
-        "spark.sql.python.filterPushdown.enabled": "true",
         "spark.python.worker.reuse": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",

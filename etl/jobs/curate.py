@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import reduce
 
 from pyspark import StorageLevel
@@ -88,9 +88,8 @@ def _counts_by_source(rows: list, sources: list[str]) -> tuple[SourceCounts, ...
             if r["status"] != "ok":
                 key = r["reason"] or "unknown"
                 reasons[key] = reasons.get(key, 0) + r["count"]
-        out.append(
-            SourceCounts(name, accepted + rejected, accepted, rejected, dict(sorted(reasons.items())))
-        )
+        reasons = dict(sorted(reasons.items()))
+        out.append(SourceCounts(name, accepted + rejected, accepted, rejected, reasons))
     return tuple(out)
 
 
@@ -115,7 +114,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         outcome_counts(prepared).collect(), [s.name for s in cfg.sources]
     )
 
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    now = datetime.now(UTC).replace(tzinfo=None)
     accepted = accepted_rows(prepared, run_id=run_id, ingested_at=F.lit(now))
     previous = _first_ingested(spark, curated_path)
     if previous is not None:

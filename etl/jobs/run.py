@@ -7,7 +7,7 @@ import logging
 import os
 import uuid
 from dataclasses import asdict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from etl.config import Config
 from etl.jobs.curate import CurateResult, curate, preflight
@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 
 def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
 
 
 def format_summary(run_id: str, cur: CurateResult | None, exports: list[ExportResult]) -> str:

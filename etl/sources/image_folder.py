@@ -54,7 +54,10 @@ class ImageFolderSource(SourceAdapter):
         )
         images = files.where(F.lower("ext").isin(*IMAGE_EXTENSIONS))
         captions = files.where(F.lower("ext") == "txt").select(
-            "stem_uri", F.trim(F.decode("content", "UTF-8")).alias("caption_original")
+            "stem_uri",
+            F.regexp_replace(F.decode("content", "UTF-8"), r"^\s+|\s+$", "").alias(
+                "caption_original"
+            ),
         )
         # A stem may have several images (a.jpg and a.png): both get the same caption.
         joined = images.join(captions, "stem_uri", "left")

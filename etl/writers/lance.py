@@ -9,13 +9,21 @@ to Lance through pylance inside Spark's Python data source API (Spark >= 4.0):
   one transaction (``Overwrite`` or ``Append``), so a failed or retried task never leaves
   rows in the table, and each write is exactly one new table version.
 * **read** -- one Spark partition per fragment of a pinned table version, Arrow batches
-  straight from pylance, simple comparison filters pushed down to Lance's scanner, and
-  an optional ``columns`` option to avoid reading image bytes.
+  straight from pylance. Pushdown is explicit: a ``filter`` option (Lance SQL,
+  evaluated by Lance's scanner, using its indexes) and a ``columns`` option (so scans
+  that don't need image bytes never read them).
+
+Spark's own filter pushdown for Python data sources (``pushFilters``, Spark 4.1) is not
+used: Spark 4.1.4 caches the pushed-down reader on the relation and reuses it for a
+later query on the same DataFrame that pushes nothing, returning rows filtered by the
+earlier query's predicate (see README, "Known issues"). Without it Spark evaluates
+every ``where`` itself, so results are always right.
 
 Usage::
 
     df.write.format("lance").mode("overwrite").save(path)
     spark.read.format("lance").option("columns", "sample_id,width").load(path)
+    spark.read.format("lance").option("filter", "width >= 512").load(path)
     spark.read.format("lance").option("version", "3").load(path)   # time travel
 """
 
@@ -23,33 +31,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceArrowWriter,
     DataSourceReader,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
     InputPartition,
-    IsNotNull,
-    IsNull,
-    LessThan,
-    LessThanOrEqual,
     WriterCommitMessage,
 )
 from pyspark.sql.types import StructType
 
-__all__ = ["LanceDataSource", "lance_filter_sql", "table_version"]
-
-_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
+__all__ = ["LanceDataSource", "table_version"]
 
 def _dataset(path: str, version: int | None = None):
     import lance
@@ -65,59 +60,12 @@ def table_version(path: str) -> int:
 # ----------------------------------------------------------------------------- read
 
 
-def _literal(value) -> str | None:
-    """A Lance SQL literal for a Python value, or None where unsupported."""
-    if isinstance(value, bool):
-        return "TRUE" if value else "FALSE"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    return None
-
-
-def lance_filter_sql(flt: Filter) -> str | None:
-    """Translate one Spark pushed-down filter to a Lance SQL predicate, or None."""
-    if len(flt.attribute) != 1 or not _IDENT.match(flt.attribute[0]):
-        return None
-    col = flt.attribute[0]
-    if isinstance(flt, IsNull):
-        return f"{col} IS NULL"
-    if isinstance(flt, IsNotNull):
-        return f"{col} IS NOT NULL"
-    if isinstance(flt, In):
-        lits = [_literal(v) for v in flt.value]
-        if not lits or any(lit is None for lit in lits):
-            return None
-        return f"{col} IN ({', '.join(lits)})"
-    ops = {
-        EqualTo: "=",
-        GreaterThan: ">",
-        GreaterThanOrEqual: ">=",
-        LessThan: "<",
-        LessThanOrEqual: "<=",
-    }
-    op = ops.get(type(flt))
-    lit = _literal(getattr(flt, "value", None))
-    if op is None or lit is None:
-        return None
-    return f"{col} {op} {lit}"
-
-
 class _LanceReader(DataSourceReader):
-    def __init__(self, path: str, version: int, columns: list[str]):
+    def __init__(self, path: str, version: int, columns: list[str], predicate: str | None):
         self.path = path
         self.version = version
         self.columns = columns
-        self.predicates: list[str] = []
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        for flt in filters:
-            sql = lance_filter_sql(flt)
-            if sql is None:
-                yield flt
-            else:
-                self.predicates.append(sql)
+        self.predicate = predicate
 
     def partitions(self) -> list[InputPartition]:
         # One partition per fragment; the partition's value is its fragment ids.
@@ -128,11 +76,11 @@ class _LanceReader(DataSourceReader):
         if not partition.value:
             return
         ds = _dataset(self.path, self.version)
-        flt = " AND ".join(f"({p})" for p in self.predicates) or None
         for fid in partition.value:
             frag = ds.get_fragment(fid)
-            for batch in frag.to_batches(columns=self.columns, filter=flt, batch_size=1024):
-                yield batch
+            yield from frag.to_batches(
+                columns=self.columns, filter=self.predicate, batch_size=1024
+            )
 
 
 # ---------------------------------------------------------------------------- write
@@ -207,7 +155,7 @@ def _exists(path: str) -> bool:
 
 class LanceDataSource(DataSource):
     """``format("lance")``: options ``path`` (required), ``version``, ``columns``,
-    ``max_rows_per_file`` (write)."""
+    ``filter`` (read), ``max_rows_per_file`` (write)."""
 
     @classmethod
     def name(cls) -> str:
@@ -246,7 +194,9 @@ class LanceDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         path = self._path()
         version = self._version() or table_version(path)
-        return _LanceReader(path, version, list(schema.fieldNames()))
+        return _LanceReader(
+            path, version, list(schema.fieldNames()), self.options.get("filter") or None
+        )
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         from pyspark.sql.pandas.types import to_arrow_schema

@@ -1,11 +1,11 @@
 """Partition-wise MDS export (Mosaic Streaming).
 
 Each Spark task streams its partition's Arrow batches through an ``MDSWriter`` into a
-directory scoped to its task attempt (``_attempts/part-00003-t17``, by task attempt id). Only attempts
-that succeeded report back to the driver; the driver renames those to ``part-00003``,
-merges their ``index.json`` files into one root index, and swaps the finished export
-into place in one rename, so a reader never sees a half-written export and a retried or
-speculative attempt never leaves shards in the result.
+directory scoped to its task attempt (``_attempts/part-00003-t17``, by task attempt
+id). Only attempts that succeeded report back to the driver; the driver renames those
+to ``part-00003``, merges their ``index.json`` files into one root index, and swaps the
+finished export into place in one rename, so a reader never sees a half-written export
+and a retried or speculative attempt never leaves shards in the result.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
@@ -59,7 +60,7 @@ def _passthrough_writer_cls():
         def encode_sample(self, sample: dict[str, Any]) -> bytes:
             sizes, data = [], []
             for key, encoding, size in zip(
-                self.column_names, self.column_encodings, self.column_sizes
+                self.column_names, self.column_encodings, self.column_sizes, strict=False
             ):
                 value = sample[key]
                 if encoding == "jpeg" and isinstance(value, (bytes, bytearray)):
@@ -156,12 +157,18 @@ def export_mds(
         .repartition(partitions, "sample_id")
         .sortWithinPartitions("sample_id")
     )
-    rows.sparkSession.sparkContext.setJobDescription(f"lakeshard export: write MDS {name}")
-    results = ordered.mapInArrow(
-        _write_partitions(staging, MDS_COLUMNS, size_limit, compression, hashes),
-        _RESULT_SCHEMA,
-    ).collect()
-    rows.sparkSession.sparkContext.setJobDescription(None)
+    sc = rows.sparkSession.sparkContext
+    sc.setJobDescription(f"lakeshard export: write MDS {name}")
+    try:
+        results = ordered.mapInArrow(
+            _write_partitions(staging, MDS_COLUMNS, size_limit, compression, hashes),
+            _RESULT_SCHEMA,
+        ).collect()
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # nothing of a failed export remains
+        raise
+    finally:
+        sc.setJobDescription(None)
 
     parts = []
     for r in sorted(results, key=lambda r: r["partition"]):

@@ -1,0 +1,54 @@
+"""Shared fixtures: one real local[2] SparkSession (Delta JARs + Lance data source)."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+JARS_DIR = REPO / ".jars"
+
+
+def make_config(root: Path, sources: list[dict] | None = None, **extra):
+    """A parsed Config rooted at `root`, using the project's fetched JARs."""
+    from etl.config import parse_config
+
+    raw = {
+        "storage": {"root": str(root)},
+        "spark": {
+            "master": "local[2]",
+            "jars_dir": str(JARS_DIR),
+            "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+        },
+        "sources": sources or [{"name": "dummy", "kind": "image_folder", "path": str(root)}],
+        **extra,
+    }
+    return parse_config(raw)
+
+
+@pytest.fixture(scope="session")
+def spark(tmp_path_factory):
+    from etl.session import get_spark
+
+    root = tmp_path_factory.mktemp("spark-root")
+    session = get_spark(make_config(root))
+    yield session
+    session.stop()
+
+
+def jpeg_bytes(size=(64, 48), color=(200, 30, 30), **save_kw) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="JPEG", **save_kw)
+    return buf.getvalue()
+
+
+def png_bytes(size=(40, 30), mode="RGB", color=(10, 200, 10)) -> bytes:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new(mode, size, color).save(buf, format="PNG")
+    return buf.getvalue()

@@ -1,0 +1,92 @@
+"""The `lakeshard` command as users run it (a real subprocess)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from conftest import JARS_DIR
+
+
+def _lakeshard(*args, cwd=None, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "etl.cli", *args],
+        capture_output=True, text=True, cwd=cwd, timeout=timeout,
+    )
+
+
+def _write_conf(tmp_path, **over):
+    conf = {
+        "storage": {"root": str(tmp_path / "data")},
+        "spark": {"master": "local[2]", "jars_dir": str(JARS_DIR),
+                  "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}},
+        "sources": [
+            {"name": "pics", "kind": "image_folder", "path": str(tmp_path / "pics"),
+             "sample": True},
+        ],
+        "exports": {"default": {"partitions": 2}},
+    }
+    conf.update(over)
+    path = tmp_path / "conf.yaml"
+    path.write_text(yaml.safe_dump(conf))
+    return path
+
+
+def test_bad_config_fails_fast_naming_the_field(tmp_path):
+    conf = _write_conf(tmp_path)
+    raw = yaml.safe_load(conf.read_text())
+    raw["sources"][0]["kind"] = "ftp"
+    conf.write_text(yaml.safe_dump(raw))
+    t0 = time.monotonic()
+    res = _lakeshard("run", "--conf", str(conf))
+    assert res.returncode == 2
+    assert "sources[0] (pics).kind: unknown kind 'ftp'" in res.stderr
+    assert "SparkSession" not in res.stderr and time.monotonic() - t0 < 30
+
+
+def test_missing_source_path_fails_before_spark(tmp_path):
+    conf = _write_conf(tmp_path)
+    raw = yaml.safe_load(conf.read_text())
+    raw["sources"][0].update(sample=False, path=str(tmp_path / "nowhere"))
+    conf.write_text(yaml.safe_dump(raw))
+    res = _lakeshard("curate", "--conf", str(conf))
+    assert res.returncode == 2
+    assert "'pics': path" in res.stderr and "does not exist" in res.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_missing_jars_say_which_command_fixes_it(tmp_path):
+    conf = _write_conf(tmp_path)
+    raw = yaml.safe_load(conf.read_text())
+    raw["spark"]["jars_dir"] = str(tmp_path / "nojars")
+    conf.write_text(yaml.safe_dump(raw))
+    res = _lakeshard("curate", "--conf", str(conf))
+    assert res.returncode == 2 and "make jars" in res.stderr
+
+
+def test_unknown_export_name_is_refused(tmp_path):
+    res = _lakeshard("export", "--conf", str(_write_conf(tmp_path)), "--name", "nope")
+    assert res.returncode == 2 and "no export named 'nope'" in res.stderr
+
+
+@pytest.mark.slow
+def test_run_prints_the_per_source_table_and_outputs(tmp_path):
+    res = _lakeshard("run", "--conf", str(_write_conf(tmp_path)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout
+    assert "pics" in out and "seen" in out and "accepted" in out
+    assert "curated (Lance)" in out and "export (MDS)" in out
+    line = next(ln for ln in out.splitlines() if ln.startswith("pics"))
+    seen, accepted, rejected = (int(x) for x in line.split()[1:4])
+    assert seen == accepted + rejected and accepted == 6 and rejected == 3
+    assert (tmp_path / "data" / "mds" / "default" / "index.json").exists()
+
+    res = _lakeshard("sql", "--conf", str(_write_conf(tmp_path)),
+                     "SELECT count(*) AS n FROM curated")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(r"^\|\s*6\|$", res.stdout, re.M), res.stdout

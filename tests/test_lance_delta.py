@@ -1,0 +1,115 @@
+"""Lance through the `lance` data source and Delta, in one session."""
+
+from __future__ import annotations
+
+import lance
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+
+def _frame(spark, n=50, offset=0):
+    return spark.range(offset, offset + n).selectExpr(
+        "id",
+        "cast(id % 5 as string) as bucket",
+        "cast(id as int) * 10 as width",
+        "cast(concat('img', id) as binary) as image",
+    )
+
+
+def test_lance_and_delta_in_one_session(spark, tmp_path):
+    lpath, dpath = str(tmp_path / "t.lance"), str(tmp_path / "d")
+    _frame(spark, 10).write.format("lance").mode("overwrite").save(lpath)
+    _frame(spark, 5, offset=10).write.format("lance").mode("append").save(lpath)
+    spark.sql(f"CREATE OR REPLACE TEMPORARY VIEW lt USING lance OPTIONS (path '{lpath}')")
+    assert spark.sql("SELECT count(*) AS n, max(id) AS m FROM lt").first() == (15, 14)
+
+    spark.sql(f"CREATE TABLE delta.`{dpath}` (id BIGINT, note STRING) USING delta")
+    spark.sql(f"INSERT INTO delta.`{dpath}` VALUES (1, 'a'), (2, 'b')")
+    spark.sql(f"INSERT INTO delta.`{dpath}` SELECT id, bucket FROM lt WHERE id >= 13")
+    got = sorted(tuple(r) for r in spark.sql(f"SELECT * FROM delta.`{dpath}`").collect())
+    assert got == [(1, "a"), (2, "b"), (13, "3"), (14, "4")]
+
+
+def test_each_spark_write_is_one_lance_version_and_old_versions_read_back(spark, tmp_path):
+    path = str(tmp_path / "v.lance")
+    _frame(spark, 20).repartition(3).write.format("lance").mode("overwrite").save(path)
+    assert lance.dataset(path).version == 1
+    assert len(lance.dataset(path).get_fragments()) == 3  # one fragment per task
+    _frame(spark, 7, offset=100).write.format("lance").mode("append").save(path)
+    _frame(spark, 4).write.format("lance").mode("overwrite").save(path)
+    ds = lance.dataset(path)
+    assert (ds.version, ds.count_rows()) == (3, 4)
+    counts = [
+        spark.read.format("lance").option("version", str(v)).load(path).count() for v in (1, 2, 3)
+    ]
+    assert counts == [20, 27, 4]
+
+
+def test_filter_option_is_evaluated_by_lance_and_matches_arrow(spark, tmp_path):
+    path = str(tmp_path / "f.lance")
+    _frame(spark, 200).repartition(4).write.format("lance").mode("overwrite").save(path)
+    table = lance.dataset(path).to_table()
+    cases = {
+        "bucket = '3' AND width >= 500": pc.and_(
+            pc.equal(table["bucket"], "3"), pc.greater_equal(table["width"], 500)
+        ),
+        "id IN (1, 2, 199) OR id < 0": pc.is_in(table["id"], pa.array([1, 2, 199])),
+        "width < 30": pc.less(table["width"], 30),
+    }
+    for where, mask in cases.items():
+        df = spark.read.format("lance").option("filter", where).load(path)
+        got = sorted(r.id for r in df.select("id").collect())
+        assert got == sorted(table.filter(mask)["id"].to_pylist()), where
+
+
+def test_queries_on_one_dataframe_do_not_leak_filters(spark, tmp_path):
+    # Regression: with Spark's Python filter pushdown on, the second query returned
+    # the rows of the first query's predicate.
+    path = str(tmp_path / "leak.lance")
+    _frame(spark, 200).write.format("lance").mode("overwrite").save(path)
+    df = spark.read.format("lance").load(path)
+    assert df.where("bucket = '3' AND width >= 500").count() == 30
+    assert sorted(r.id for r in df.where("id IN (1, 2, 199) OR id < 0").collect()) == [1, 2, 199]
+    assert df.count() == 200
+
+
+def test_columns_option_reads_only_those_columns(spark, tmp_path):
+    path = str(tmp_path / "c.lance")
+    _frame(spark, 5).write.format("lance").mode("overwrite").save(path)
+    df = spark.read.format("lance").option("columns", "id,width").load(path)
+    assert df.columns == ["id", "width"]
+    with pytest.raises(Exception, match="no column 'nope'"):
+        spark.read.format("lance").option("columns", "id,nope").load(path).columns
+
+
+def test_pylance_reads_spark_writes_and_spark_reads_pylance_columns(spark, tmp_path):
+    path = str(tmp_path / "x.lance")
+    _frame(spark, 30).repartition(2).write.format("lance").mode("overwrite").save(path)
+    ds = lance.dataset(path)
+    t = ds.to_table(columns=["id", "width"], filter="width > 250")
+    assert sorted(t["id"].to_pylist()) == list(range(26, 30))
+
+    # pylance adds a column without rewriting the existing data files.
+    before = {f.path for frag in ds.get_fragments() for f in frag.data_files()}
+    ds.add_columns({"double_width": "width * 2"})
+    ds = lance.dataset(path)
+    after = {f.path for frag in ds.get_fragments() for f in frag.data_files()}
+    assert before < after
+
+    rows = spark.read.format("lance").load(path).select("id", "double_width").collect()
+    assert sorted((r.id, r.double_width) for r in rows) == [(i, i * 20) for i in range(30)]
+
+
+def test_failed_write_commits_nothing(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    path = str(tmp_path / "fail.lance")
+    _frame(spark, 10).write.format("lance").mode("overwrite").save(path)
+    bad = _frame(spark, 10).withColumn(
+        "id", F.when(F.col("id") == 7, F.raise_error(F.lit("boom"))).otherwise(F.col("id"))
+    )
+    with pytest.raises(Exception, match="boom"):
+        bad.write.format("lance").mode("append").save(path)
+    ds = lance.dataset(path)
+    assert (ds.version, ds.count_rows()) == (1, 10)

@@ -1,0 +1,95 @@
+"""Transforms on tiny frames built in the test."""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import datetime
+
+from pyspark.sql import functions as F
+
+from conftest import jpeg_bytes, png_bytes
+from etl.config import SourceConfig
+from etl.schema import CURATED_COLUMNS, INGEST_SCHEMA, SAMPLE_ID_SEPARATOR
+from etl.sources import finish_ingest
+from etl.transforms.prepare import (
+    accepted_rows,
+    outcome_counts,
+    prepare_images,
+    rejected_rows,
+)
+
+
+def _expected_id(source: str, key: str) -> str:
+    return hashlib.sha256(f"{source}{SAMPLE_ID_SEPARATOR}{key}".encode()).hexdigest()[:32]
+
+
+def _ingest_rows(spark, rows):
+    return spark.createDataFrame(rows, INGEST_SCHEMA)
+
+
+def test_finish_ingest_adds_stable_sample_id_and_default_license(spark):
+    raw = spark.createDataFrame(
+        [("a.jpg", "u", "cap", None, None, b"x", "ok", None),
+         ("b.jpg", "u", None, "CC-BY", None, b"y", "ok", None)],
+        "source_key string, source_uri string, caption_original string, license string, "
+        "metadata_json string, image_bytes binary, read_status string, read_reason string",
+    )
+    src = SourceConfig(name="web", kind="image_folder", path="/x", license="CC0")
+    out = {r.source_key: r for r in finish_ingest(raw, src).collect()}
+    assert out["a.jpg"].sample_id == _expected_id("web", "a.jpg")
+    assert out["b.jpg"].sample_id == _expected_id("web", "b.jpg")
+    assert out["a.jpg"].license == "CC0" and out["b.jpg"].license == "CC-BY"
+    assert out["a.jpg"].source == "web"
+    # Same key, other source: other id.
+    assert _expected_id("web2", "a.jpg") != out["a.jpg"].sample_id
+
+
+def _prepared(spark):
+    rows = [
+        ("id1", "s1", "k1", None, "a red square", None, None, jpeg_bytes((30, 20)), "ok", None),
+        ("id2", "s1", "k2", None, None, None, None, png_bytes((8, 6)), "ok", None),
+        ("id3", "s1", "k3", None, None, None, None, b"garbage", "ok", None),
+        ("id4", "s2", "k4", None, "x", None, None, None, "rejected", "missing_image"),
+        ("id5", "s2", "k5", None, "y", None, None, b"", "ok", None),
+    ]
+    return prepare_images(
+        _ingest_rows(spark, rows), quality=92, max_bytes=1 << 20, max_pixels=10**7
+    )
+
+
+def test_prepare_keeps_every_row_with_a_status(spark):
+    got = {r.sample_id: (r.status, r.stage, r.reason) for r in _prepared(spark).collect()}
+    assert got == {
+        "id1": ("ok", "prepare", None),
+        "id2": ("ok", "prepare", None),
+        "id3": ("rejected", "prepare", "undecodable"),
+        "id4": ("rejected", "ingest", "missing_image"),
+        "id5": ("rejected", "prepare", "empty"),
+    }
+
+
+def test_accepted_and_rejected_split_the_rows(spark):
+    prepared = _prepared(spark)
+    at = datetime(2026, 1, 2, 3, 4, 5)
+    acc = accepted_rows(prepared, run_id="r1", ingested_at=F.lit(at))
+    assert tuple(acc.columns) == CURATED_COLUMNS
+    rows = {r.sample_id: r for r in acc.collect()}
+    assert set(rows) == {"id1", "id2"}
+    assert (rows["id1"].width, rows["id1"].height) == (30, 20)
+    assert rows["id1"].image[:2] == b"\xff\xd8"
+    assert rows["id1"].image_bytes == len(rows["id1"].image)
+    assert rows["id2"].original_format == "PNG" and rows["id1"].run_id == "r1"
+    rej = {r.sample_id: r.reason for r in rejected_rows(prepared, run_id="r1").collect()}
+    assert rej == {"id3": "undecodable", "id4": "missing_image", "id5": "empty"}
+
+
+def test_outcome_counts_balance(spark):
+    counts = {
+        (r.source, r.status, r.reason): r["count"] for r in outcome_counts(_prepared(spark)).collect()
+    }
+    assert counts == {
+        ("s1", "ok", None): 2,
+        ("s1", "rejected", "undecodable"): 1,
+        ("s2", "rejected", "missing_image"): 1,
+        ("s2", "rejected", "empty"): 1,
+    }
