@@ -46,7 +46,10 @@ def test_relative_root_is_made_absolute(tmp_path, monkeypatch):
         (lambda r: r.update(bogus=1), "config: unknown key 'bogus'"),
         (lambda r: r["storage"].update(rooot="x"), "storage: unknown key 'rooot'"),
         (lambda r: r["storage"].pop("root"), "storage.root: required"),
-        (lambda r: r["sources"][0].update(kind="ftp"), "sources[0] (pics).kind: unknown kind 'ftp'"),
+        (
+            lambda r: r["sources"][0].update(kind="ftp"),
+            "sources[0] (pics).kind: unknown kind 'ftp'",
+        ),
         (lambda r: r["sources"][0].pop("path"), "sources[0].path: required"),
         (lambda r: r["sources"][0].update(colour=1), "sources[0]: unknown key 'colour'"),
         (lambda r: r["sources"].append(dict(r["sources"][0])), "sources[1].name: duplicate"),

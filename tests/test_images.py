@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import io
 
+from conftest import jpeg_bytes, png_bytes
 from PIL import Image
 
-from conftest import jpeg_bytes, png_bytes
 from udfs.images import prepare_image
 
 LIMITS = dict(max_bytes=1 << 20, max_pixels=10_000_000)

@@ -6,10 +6,10 @@ import json
 import os
 
 import pytest
+from conftest import jpeg_bytes
 from PIL import Image
 from pyspark.sql import functions as F
 
-from conftest import jpeg_bytes
 from etl.writers.mds import MDS_COLUMNS, export_mds
 
 

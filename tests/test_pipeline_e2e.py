@@ -8,9 +8,9 @@ import os
 
 import lance
 import pytest
+from conftest import make_config
 from PIL import Image
 
-from conftest import make_config
 from etl.jobs.run import run
 from etl.samples import FOLDER_BAD, FOLDER_PHOTOS, TABLE_PHOTOS
 from etl.session import register_lance_views
@@ -62,7 +62,8 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
     assert (counts["photos"].seen, counts["photos"].accepted) == (
         len(FOLDER_PHOTOS) + len(FOLDER_BAD), len(FOLDER_PHOTOS))
     assert counts["photos"].reasons == {"empty": 1, "truncated": 1, "undecodable": 1}
-    assert (counts["alt"].seen, counts["alt"].accepted) == (len(TABLE_PHOTOS) + 2, len(TABLE_PHOTOS))
+    assert (counts["alt"].seen, counts["alt"].accepted) == (
+        len(TABLE_PHOTOS) + 2, len(TABLE_PHOTOS))
     assert counts["alt"].reasons == {"missing_image": 1, "undecodable": 1}
     for c in cur.counts:
         assert c.seen == c.accepted + c.rejected

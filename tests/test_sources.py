@@ -7,8 +7,8 @@ import json
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import jpeg_bytes, png_bytes
+
 from etl.config import ConfigError, SourceConfig
 from etl.schema import INGEST_COLUMNS
 from etl.sources import adapter_for, finish_ingest
@@ -75,5 +75,6 @@ def test_table_mapping_to_missing_column_fails_before_spark(tmp_path):
     _write_table(path, [{"id": "1", "img": b"x", "alt": "a", "score": 1.0}])
     src = SourceConfig(name="t", kind="table", path=str(path),
                        columns={"key": "id", "image": "image_bytes"})
-    with pytest.raises(ConfigError, match="columns.image maps to 'image_bytes', which the table lacks"):
+    needle = "columns.image maps to 'image_bytes', which the table lacks"
+    with pytest.raises(ConfigError, match=needle):
         adapter_for(src.kind).check_inputs(src)

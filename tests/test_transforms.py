@@ -5,9 +5,9 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 
+from conftest import jpeg_bytes, png_bytes
 from pyspark.sql import functions as F
 
-from conftest import jpeg_bytes, png_bytes
 from etl.config import SourceConfig
 from etl.schema import CURATED_COLUMNS, INGEST_SCHEMA, SAMPLE_ID_SEPARATOR
 from etl.sources import finish_ingest
@@ -84,9 +84,8 @@ def test_accepted_and_rejected_split_the_rows(spark):
 
 
 def test_outcome_counts_balance(spark):
-    counts = {
-        (r.source, r.status, r.reason): r["count"] for r in outcome_counts(_prepared(spark)).collect()
-    }
+    rows = outcome_counts(_prepared(spark)).collect()
+    counts = {(r.source, r.status, r.reason): r["count"] for r in rows}
     assert counts == {
         ("s1", "ok", None): 2,
         ("s1", "rejected", "undecodable"): 1,
