@@ -81,8 +81,29 @@ class SparkConfig:
 @dataclass(frozen=True)
 class PrepareConfig:
     jpeg_quality: int = 92
+    chroma_subsampling: str = "4:2:0"
     max_image_bytes: int = 64 * 1024 * 1024
     max_pixels: int = 100_000_000
+    max_side: int | None = None
+    passthrough_jpeg: bool = False
+    # Light filters: they flag (keep=false, filter_reason), never delete.
+    min_side: int = 64
+    max_aspect_ratio: float = 5.0
+
+    def options(self):
+        """The executor-side options of :func:`udfs.images.prepare_image`."""
+        from udfs.images import PrepareOptions
+
+        return PrepareOptions(
+            quality=self.jpeg_quality,
+            subsampling=self.chroma_subsampling,
+            max_bytes=self.max_image_bytes,
+            max_pixels=self.max_pixels,
+            max_side=self.max_side,
+            passthrough_jpeg=self.passthrough_jpeg,
+            min_side=self.min_side,
+            max_aspect_ratio=self.max_aspect_ratio,
+        )
 
 
 @dataclass(frozen=True)
@@ -93,6 +114,9 @@ class ExportConfig:
     size_limit: int = 128 * 1024 * 1024
     compression: str | None = None
     hashes: tuple[str, ...] = ()
+    # Which curated rows to export: a Lance SQL predicate, evaluated by Lance's scanner.
+    # The default leaves out rows a light filter flagged (keep = false).
+    where: str | None = "keep"
 
 
 @dataclass(frozen=True)
@@ -229,12 +253,28 @@ def _parse_spark(raw: Any) -> SparkConfig:
 def _parse_prepare(raw: Any) -> PrepareConfig:
     raw = _check_keys(raw, "prepare", _fields(PrepareConfig))
     d = PrepareConfig()
+    subsampling = raw.get("chroma_subsampling", d.chroma_subsampling)
+    if subsampling not in ("4:4:4", "4:2:2", "4:2:0"):
+        raise ConfigError(
+            f"prepare.chroma_subsampling: {subsampling!r} is not one of 4:4:4, 4:2:2, 4:2:0"
+        )
+    max_side = raw.get("max_side", d.max_side)
+    ratio = raw.get("max_aspect_ratio", d.max_aspect_ratio)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio < 1:
+        raise ConfigError(f"prepare.max_aspect_ratio: expected a number >= 1, got {ratio!r}")
     return PrepareConfig(
         jpeg_quality=_int(raw.get("jpeg_quality", d.jpeg_quality), "prepare.jpeg_quality", 1, 100),
+        chroma_subsampling=subsampling,
         max_image_bytes=_int(
             raw.get("max_image_bytes", d.max_image_bytes), "prepare.max_image_bytes", 1
         ),
         max_pixels=_int(raw.get("max_pixels", d.max_pixels), "prepare.max_pixels", 1),
+        max_side=None if max_side is None else _int(max_side, "prepare.max_side", 16),
+        passthrough_jpeg=_bool(
+            raw.get("passthrough_jpeg", d.passthrough_jpeg), "prepare.passthrough_jpeg"
+        ),
+        min_side=_int(raw.get("min_side", d.min_side), "prepare.min_side", 1),
+        max_aspect_ratio=float(ratio),
     )
 
 
@@ -270,6 +310,9 @@ def _parse_exports(raw: Any) -> tuple[ExportConfig, ...]:
                 ),
                 compression=compression,
                 hashes=hashes,
+                where=None if body.get("where", d.where) in (None, "") else _str(
+                    body.get("where", d.where), f"{where}.where"
+                ),
             )
         )
     return tuple(out)

@@ -8,17 +8,19 @@ carries a few bad records, so a first run shows how rejects are reported.
 
 from __future__ import annotations
 
+import io
 import logging
 from importlib import resources
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from PIL import Image
 
 from etl.config import Config, ConfigError, SourceConfig
 from etl.sources.base import is_local_path, local_path
 
-__all__ = ["ensure_samples", "FOLDER_PHOTOS", "TABLE_PHOTOS"]
+__all__ = ["ensure_samples", "FOLDER_PHOTOS", "FOLDER_FLAGGED", "FOLDER_BAD", "TABLE_PHOTOS"]
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +38,11 @@ FOLDER_PHOTOS = {
     "logo.png": ("graphics/logo.png", None),  # RGBA, no caption: kept, caption null
     "camera.png": ("people/cameraman.png", "A black-and-white photo of a man "
                    "operating a camera on a tripod."),
+}
+# Decodable but flagged by the light filters (kept in the table with keep = false):
+# relative path -> (source photo, thumbnail size, caption)
+FOLDER_FLAGGED = {
+    "thumbs/chelsea_icon.png": ("chelsea.png", (48, 32), "A tiny thumbnail of a cat."),
 }
 # bad records: relative path -> bytes (a truncated JPEG, an empty file, text as .png)
 FOLDER_BAD = {
@@ -68,6 +75,12 @@ def _build_image_folder(root: Path) -> None:
         dest.write_bytes(_skimage_file(src_name))
         if caption is not None:
             dest.with_suffix(".txt").write_text(caption + "\n", encoding="utf-8")
+    for rel, (src_name, size, caption) in FOLDER_FLAGGED.items():
+        dest = root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        thumb = Image.open(io.BytesIO(_skimage_file(src_name))).convert("RGB").resize(size)
+        thumb.save(dest)
+        dest.with_suffix(".txt").write_text(caption + "\n", encoding="utf-8")
     for rel, data in FOLDER_BAD.items():
         dest = root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)

@@ -61,6 +61,12 @@ CURATED_SCHEMA = T.StructType(
         T.StructField("original_format", T.StringType(), True),
         T.StructField("original_bytes", T.LongType(), False),
         T.StructField("image_bytes", T.LongType(), False),
+        T.StructField("image_sha256", T.StringType(), False),
+        T.StructField("phash", T.LongType(), False),
+        T.StructField("aspect_ratio", T.DoubleType(), False),
+        T.StructField("flags", T.ArrayType(T.StringType(), False), False),
+        T.StructField("keep", T.BooleanType(), False),
+        T.StructField("filter_reason", T.StringType(), True),
         T.StructField("run_id", T.StringType(), False),
         T.StructField("ingested_at", T.TimestampType(), False),
     ]

@@ -82,10 +82,10 @@ def test_run_prints_the_per_source_table_and_outputs(tmp_path):
     assert "curated (Lance)" in out and "export (MDS)" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("pics"))
     seen, accepted, rejected = (int(x) for x in line.split()[1:4])
-    assert seen == accepted + rejected and accepted == 6 and rejected == 3
+    assert seen == accepted + rejected and accepted == 7 and rejected == 3
     assert (tmp_path / "data" / "mds" / "default" / "index.json").exists()
 
     res = _lakeshard("sql", "--conf", str(_write_conf(tmp_path)),
                      "SELECT count(*) AS n FROM curated")
     assert res.returncode == 0, res.stderr[-3000:]
-    assert re.search(r"^\|\s*6\|$", res.stdout, re.M), res.stdout
+    assert re.search(r"^\|\s*7\|$", res.stdout, re.M), res.stdout

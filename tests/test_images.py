@@ -1,15 +1,21 @@
-"""prepare_image on real files built in the test."""
+"""prepare_image on real files of every kind, built inside the test."""
 
 from __future__ import annotations
 
 import io
+import resource
+import struct
+import time
+import zlib
 
+import numpy as np
+import pytest
 from conftest import jpeg_bytes, png_bytes
-from PIL import Image
+from PIL import Image, ImageCms
 
-from udfs.images import prepare_image
+from udfs.images import PrepareOptions, dhash64, prepare_image
 
-LIMITS = dict(max_bytes=1 << 20, max_pixels=10_000_000)
+OPTS = PrepareOptions(max_bytes=1 << 22, max_pixels=10_000_000, min_side=8)
 
 
 def _decode(data: bytes) -> Image.Image:
@@ -18,69 +24,201 @@ def _decode(data: bytes) -> Image.Image:
     return im
 
 
-def test_png_becomes_rgb_jpeg_with_same_size():
-    out = prepare_image(png_bytes((40, 30)), **LIMITS)
-    assert out.status == "ok" and out.reason is None
-    im = _decode(out.image)
-    assert im.format == "JPEG" and im.mode == "RGB" and im.size == (40, 30)
-    assert (out.width, out.height, out.original_width, out.original_height) == (40, 30, 40, 30)
-    assert out.original_format == "PNG"
-    assert out.original_bytes == len(png_bytes((40, 30)))
-
-
-def test_quality_changes_bytes():
-    noisy = Image.effect_noise((128, 128), 64).convert("RGB")
+def _save(im: Image.Image, fmt: str, **kw) -> bytes:
     buf = io.BytesIO()
-    noisy.save(buf, format="PNG")
-    low = prepare_image(buf.getvalue(), quality=30, **LIMITS)
-    high = prepare_image(buf.getvalue(), quality=92, **LIMITS)
-    assert len(low.image) < len(high.image)
+    im.save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def _photo(size=(96, 64)) -> Image.Image:
+    """A smooth gradient with structure: a stand-in photo that survives JPEG."""
+    w, h = size
+    x = np.linspace(0, 255, w, dtype=np.float32)[None, :].repeat(h, 0)
+    y = np.linspace(0, 255, h, dtype=np.float32)[:, None].repeat(w, 1)
+    rgb = np.stack([x, y, (x + y) / 2], axis=-1).astype(np.uint8)
+    return Image.fromarray(rgb, "RGB")
+
+
+def _ok(data, opts=OPTS):
+    out = prepare_image(data, opts)
+    assert out.status == "ok", (out.reason, out.detail)
+    im = _decode(out.image)
+    assert im.format == "JPEG" and im.mode == "RGB"
+    assert im.size == (out.width, out.height)
+    return out, im
+
+
+def test_png_becomes_rgb_jpeg_with_same_size_and_hashes():
+    data = png_bytes((40, 30))
+    out, im = _ok(data)
+    assert (out.width, out.height, out.original_width, out.original_height) == (40, 30, 40, 30)
+    assert out.original_format == "PNG" and out.original_bytes == len(data)
+    import hashlib
+
+    assert out.image_sha256 == hashlib.sha256(out.image).hexdigest()
+    assert out.aspect_ratio == pytest.approx(40 / 30)
+    assert out.keep is True and out.filter_reason is None and out.flags == []
+
+
+@pytest.mark.parametrize("fmt, kw", [
+    ("JPEG", {"quality": 90}), ("JPEG", {"quality": 90, "progressive": True}),
+    ("PNG", {}), ("WEBP", {"quality": 90}), ("GIF", {}), ("BMP", {}), ("TIFF", {}),
+])
+def test_every_common_format_decodes(fmt, kw):
+    src = _photo()
+    out, im = _ok(_save(src, fmt, **kw))
+    assert out.original_format == fmt and im.size == src.size
+    if fmt != "GIF":  # GIF is palettised: colours differ by design
+        diff = np.abs(np.asarray(im, np.int16) - np.asarray(src, np.int16)).mean()
+        assert diff < 6, diff
+
+
+def test_quality_and_subsampling_are_applied():
+    noisy = _save(Image.effect_noise((128, 128), 64).convert("RGB"), "PNG")
+    low = prepare_image(noisy, PrepareOptions(quality=30, min_side=8))
+    high = prepare_image(noisy, PrepareOptions(quality=92, min_side=8))
+    full = prepare_image(noisy, PrepareOptions(quality=92, subsampling="4:4:4", min_side=8))
+    assert len(low.image) < len(high.image) < len(full.image)
 
 
 def test_exif_rotation_swaps_dimensions():
-    im = Image.new("RGB", (80, 20), (0, 0, 255))
     exif = Image.Exif()
-    exif[0x0112] = 6  # rotate 90 CW on display
-    buf = io.BytesIO()
-    im.save(buf, format="JPEG", exif=exif)
-    out = prepare_image(buf.getvalue(), **LIMITS)
-    assert (out.original_width, out.original_height) == (80, 20)
+    exif[0x0112] = 6  # displayed rotated 90 degrees clockwise
+    data = _save(Image.new("RGB", (80, 20), (0, 0, 255)), "JPEG", exif=exif)
+    out, _ = _ok(data)
     assert (out.width, out.height) == (20, 80)
+    assert (out.original_width, out.original_height) == (20, 80)  # displayed, too
+    assert "exif_rotated" in out.flags
 
 
-def test_rgba_is_composited_on_white():
-    out = prepare_image(png_bytes((10, 10), mode="RGBA", color=(255, 0, 0, 0)), **LIMITS)
-    r, g, b = _decode(out.image).getpixel((5, 5))
-    assert min(r, g, b) > 245  # fully transparent -> white, not black
+def test_cmyk_jpeg_keeps_its_colours():
+    red_cmyk = Image.new("CMYK", (32, 32), (0, 255, 255, 0))  # pure red in CMYK
+    out, im = _ok(_save(red_cmyk, "JPEG", quality=95))
+    r, g, b = im.getpixel((16, 16))
+    assert r > 200 and g < 60 and b < 60, (r, g, b)
 
 
-def test_grayscale_and_16bit():
-    gray = prepare_image(png_bytes((12, 12), mode="L", color=128), **LIMITS)
-    assert _decode(gray.image).mode == "RGB"
-    im16 = Image.new("I;16", (8, 8), 65535)
-    buf = io.BytesIO()
-    im16.save(buf, format="PNG")
-    out = prepare_image(buf.getvalue(), **LIMITS)
-    assert out.status == "ok"
-    assert min(_decode(out.image).getpixel((4, 4))) > 245
+def test_palette_png_with_transparency_is_composited_on_white():
+    pal = Image.new("P", (16, 16), 0)
+    pal.putpalette([255, 0, 0] + [0, 0, 0] * 255)
+    pal.putpixel((0, 0), 1)
+    data = _save(pal, "PNG", transparency=0)  # index 0 (red) is transparent
+    out, im = _ok(data)
+    assert min(im.getpixel((8, 8))) > 245 and "has_alpha" in out.flags
+
+
+def test_rgba_and_la_are_composited_on_white_and_flagged():
+    for mode, color in (("RGBA", (255, 0, 0, 0)), ("LA", (0, 0))):
+        out, im = _ok(png_bytes((10, 10), mode=mode, color=color))
+        assert min(im.getpixel((5, 5))) > 245 and "has_alpha" in out.flags
+    opaque, _ = _ok(png_bytes((10, 10), mode="RGBA", color=(1, 2, 3, 255)))
+    assert "has_alpha" not in opaque.flags
+
+
+def test_16bit_and_grayscale_become_8bit_rgb():
+    arr = np.full((8, 8), 65535, dtype=np.uint16)
+    arr[0, 0] = 0
+    out, im = _ok(_save(Image.fromarray(arr), "PNG"))
+    assert min(im.getpixel((4, 4))) > 245 and "high_bit_depth" in out.flags
+    _, gray = _ok(png_bytes((12, 12), mode="L", color=128))
+    assert abs(gray.getpixel((6, 6))[0] - 128) < 4
+
+
+def test_animated_gif_and_multipage_tiff_give_the_first_frame():
+    frames = [Image.new("RGB", (20, 20), c) for c in ((255, 0, 0), (0, 0, 255))]
+    gif = io.BytesIO()
+    frames[0].save(gif, format="GIF", save_all=True, append_images=frames[1:], duration=50)
+    tif = io.BytesIO()
+    frames[0].save(tif, format="TIFF", save_all=True, append_images=frames[1:])
+    for data in (gif.getvalue(), tif.getvalue()):
+        out, im = _ok(data)
+        r, _, b = im.getpixel((10, 10))
+        assert r > 200 and b < 60 and "multi_frame" in out.flags
+
+
+def test_srgb_profile_is_left_and_a_broken_profile_is_flagged():
+    srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB"))
+    srgb_data = _save(_photo(), "JPEG", icc_profile=srgb.tobytes())
+    out, _ = _ok(srgb_data)
+    assert "icc_converted" not in out.flags and "icc_failed" not in out.flags
+    broken = _save(_photo(), "JPEG", icc_profile=b"not a real icc profile")
+    out, _ = _ok(broken)
+    assert "icc_failed" in out.flags
+
+
+def _bomb_png(w: int, h: int) -> bytes:
+    """A tiny PNG whose header declares w x h pixels (the data is a few bytes)."""
+    def chunk(kind, body):
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(
+            ">I", zlib.crc32(kind + body) & 0xFFFFFFFF)
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+            + chunk(b"IDAT", zlib.compress(b"\x00" * 64)) + chunk(b"IEND", b""))
+
+
+def test_decompression_bomb_is_rejected_from_the_header_fast_and_small():
+    data = _bomb_png(30000, 30000)
+    assert len(data) < 200
+    rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.perf_counter()
+    for opts in (OPTS, PrepareOptions(max_pixels=10**12)):  # our cap, then PIL's own guard
+        out = prepare_image(data, opts)
+        assert (out.status, out.reason) == ("rejected", "too_many_pixels")
+    assert time.perf_counter() - t0 < 1.0
+    grew_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
+    assert grew_kib < 50 * 1024  # 30000x30000 RGB would be 2.5 GiB
 
 
 def test_bad_inputs_are_rejected_with_reasons():
     good = jpeg_bytes((64, 64))
     cases = {
         b"": "empty",
-        b"hello, not an image": "undecodable",
+        b"hello, I am a text file named .png": "undecodable",
         good[: len(good) // 2]: "truncated",
+        _bomb_png(64, 64): "truncated",  # declared 64x64, data for far fewer pixels
     }
     for data, reason in cases.items():
-        out = prepare_image(data, **LIMITS)
-        assert (out.status, out.reason) == ("rejected", reason), data[:10]
+        out = prepare_image(data, OPTS)
+        assert (out.status, out.reason) == ("rejected", reason), (data[:10], out.detail)
         assert out.image is None
-    assert prepare_image(None, **LIMITS).reason == "empty"
+    assert prepare_image(None, OPTS).reason == "empty"
+    assert prepare_image(good, PrepareOptions(max_bytes=10)).reason == "too_large_bytes"
 
 
-def test_byte_cap_and_pixel_cap():
-    data = jpeg_bytes((100, 100))
-    assert prepare_image(data, max_bytes=10, max_pixels=10**9).reason == "too_large_bytes"
-    out = prepare_image(data, max_bytes=1 << 20, max_pixels=100 * 100 - 1)
-    assert (out.reason, out.original_width, out.original_height) == ("too_many_pixels", 100, 100)
+def test_light_filters_flag_but_keep():
+    small, _ = _ok(png_bytes((40, 30)), PrepareOptions(min_side=64))
+    assert (small.keep, small.filter_reason) == (False, "too_small")
+    wide, _ = _ok(png_bytes((600, 100)), PrepareOptions(min_side=64, max_aspect_ratio=5.0))
+    assert (wide.keep, wide.filter_reason) == (False, "extreme_aspect")
+    fine, _ = _ok(png_bytes((400, 100)), PrepareOptions(min_side=64, max_aspect_ratio=5.0))
+    assert fine.keep is True
+
+
+def test_max_side_resizes_with_lanczos_keeping_aspect():
+    for data in (_save(_photo((800, 400)), "JPEG", quality=90), _save(_photo((800, 400)), "PNG")):
+        out, im = _ok(data, PrepareOptions(max_side=200, min_side=8))
+        assert im.size == (200, 100) and "resized" in out.flags
+        assert (out.original_width, out.original_height) == (800, 400)
+
+
+def test_passthrough_keeps_baseline_jpeg_bytes_and_not_others():
+    opts = PrepareOptions(passthrough_jpeg=True, min_side=8)
+    baseline = _save(_photo(), "JPEG", quality=85)
+    out, _ = _ok(baseline, opts)
+    assert out.image == baseline and "passthrough" in out.flags
+    progressive = _save(_photo(), "JPEG", quality=85, progressive=True)
+    out, _ = _ok(progressive, opts)
+    assert out.image != progressive and "passthrough" not in out.flags
+    half = baseline[: len(baseline) // 2]
+    assert prepare_image(half, opts).reason == "truncated"
+
+
+def test_dhash_is_stable_under_reencode_and_differs_for_other_images():
+    a = _photo((128, 96))
+    b = Image.fromarray(np.asarray(a)[:, ::-1].copy())  # mirrored
+    h1 = dhash64(a)
+    h2 = dhash64(_decode(_save(a, "JPEG", quality=70)))
+    h3 = dhash64(b)
+    assert bin((h1 ^ h2) & (2**64 - 1)).count("1") <= 4
+    assert bin((h1 ^ h3) & (2**64 - 1)).count("1") > 16
+    assert -(2**63) <= h1 < 2**63

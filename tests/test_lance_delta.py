@@ -113,3 +113,18 @@ def test_failed_write_commits_nothing(spark, tmp_path):
         bad.write.format("lance").mode("append").save(path)
     ds = lance.dataset(path)
     assert (ds.version, ds.count_rows()) == (1, 10)
+
+
+def test_list_columns_with_only_empty_lists_in_a_task_write(spark, tmp_path):
+    # Regression: Arrow IPC gives an all-empty child array a zero-length offsets
+    # buffer, which pylance 14 rejected ("Error converting offset[0] ...").
+    path = str(tmp_path / "lists.lance")
+    schema = "id long, flags array<string>"
+    spark.createDataFrame([(1, []), (2, []), (4, [])], schema).coalesce(1).write.format(
+        "lance"
+    ).mode("overwrite").save(path)
+    spark.createDataFrame([(3, ["a", "b"])], schema).write.format("lance").mode("append").save(
+        path
+    )
+    got = sorted((r["id"], r["flags"]) for r in lance.dataset(path).to_table().to_pylist())
+    assert got == [(1, []), (2, []), (3, ["a", "b"]), (4, [])]

@@ -12,7 +12,7 @@ from conftest import make_config
 from PIL import Image
 
 from etl.jobs.run import run
-from etl.samples import FOLDER_BAD, FOLDER_PHOTOS, TABLE_PHOTOS
+from etl.samples import FOLDER_BAD, FOLDER_FLAGGED, FOLDER_PHOTOS, TABLE_PHOTOS
 from etl.session import register_lance_views
 
 pytestmark = pytest.mark.slow
@@ -59,8 +59,10 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
 
     # Accounting, from the sample definitions (not from the pipeline).
     counts = {c.source: c for c in cur.counts}
+    n_folder = len(FOLDER_PHOTOS) + len(FOLDER_FLAGGED)
     assert (counts["photos"].seen, counts["photos"].accepted) == (
-        len(FOLDER_PHOTOS) + len(FOLDER_BAD), len(FOLDER_PHOTOS))
+        n_folder + len(FOLDER_BAD), n_folder)
+    assert counts["photos"].filtered == {"too_small": len(FOLDER_FLAGGED)}
     assert counts["photos"].reasons == {"empty": 1, "truncated": 1, "undecodable": 1}
     assert (counts["alt"].seen, counts["alt"].accepted) == (
         len(TABLE_PHOTOS) + 2, len(TABLE_PHOTOS))
@@ -70,8 +72,11 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
 
     # Lance via pylance.
     ds = lance.dataset(cfg.storage.lance_table("curated"))
-    n = len(FOLDER_PHOTOS) + len(TABLE_PHOTOS)
+    n = n_folder + len(TABLE_PHOTOS)
+    n_kept = n - len(FOLDER_FLAGGED)
     assert ds.count_rows() == n == cur.curated_rows
+    flagged = ds.to_table(columns=["source_key", "filter_reason"], filter="NOT keep").to_pylist()
+    assert flagged == [{"source_key": k, "filter_reason": "too_small"} for k in FOLDER_FLAGGED]
     meta = ds.to_table(columns=["sample_id", "source", "source_key", "caption_original",
                                 "width", "height", "image"])
     rows = {r["source_key"]: r for r in meta.to_pylist()}
@@ -84,7 +89,7 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
     # Lance via Spark SQL.
     assert "curated" in register_lance_views(spark, cfg)
     by_source = dict(spark.sql("SELECT source, count(*) FROM curated GROUP BY source").collect())
-    assert by_source == {"photos": len(FOLDER_PHOTOS), "alt": len(TABLE_PHOTOS)}
+    assert by_source == {"photos": n_folder, "alt": len(TABLE_PHOTOS)}
 
     # Delta rejects.
     rejects = spark.read.format("delta").load(cfg.storage.delta_table("rejects"))
@@ -92,18 +97,18 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
         [("photos", "empty"), ("photos", "truncated"), ("photos", "undecodable"),
          ("alt", "missing_image"), ("alt", "undecodable")])
 
-    # MDS via StreamingDataset: every image decodes as JPEG; same rows as Lance.
+    # MDS via StreamingDataset: every image decodes as JPEG; the kept rows of Lance.
     (exp,) = exports
-    assert exp.samples == n
+    assert exp.samples == n_kept
     sds = StreamingDataset(local=exp.path, shuffle=False, batch_size=1)
-    assert len(sds) == n
+    assert len(sds) == n_kept
     seen = {}
     for i in range(len(sds)):
         s = sds[i]
         assert s["image"].format == "JPEG"
         s["image"].load()
         seen[s["sample_id"]] = s
-    by_id = {r["sample_id"]: r for r in rows.values()}
+    by_id = {r["sample_id"]: r for k, r in rows.items() if k not in FOLDER_FLAGGED}
     assert set(seen) == set(by_id)
     for sid, s in seen.items():
         assert s["caption"] == (by_id[sid]["caption_original"] or "")

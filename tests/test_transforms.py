@@ -17,6 +17,7 @@ from etl.transforms.prepare import (
     prepare_images,
     rejected_rows,
 )
+from udfs.images import PrepareOptions
 
 
 def _expected_id(source: str, key: str) -> str:
@@ -52,9 +53,7 @@ def _prepared(spark):
         ("id4", "s2", "k4", None, "x", None, None, None, "rejected", "missing_image"),
         ("id5", "s2", "k5", None, "y", None, None, b"", "ok", None),
     ]
-    return prepare_images(
-        _ingest_rows(spark, rows), quality=92, max_bytes=1 << 20, max_pixels=10**7
-    )
+    return prepare_images(_ingest_rows(spark, rows), PrepareOptions(min_side=10))
 
 
 def test_prepare_keeps_every_row_with_a_status(spark):
@@ -79,16 +78,21 @@ def test_accepted_and_rejected_split_the_rows(spark):
     assert rows["id1"].image[:2] == b"\xff\xd8"
     assert rows["id1"].image_bytes == len(rows["id1"].image)
     assert rows["id2"].original_format == "PNG" and rows["id1"].run_id == "r1"
+    # 30x20 passes min_side=10; 8x6 is kept in the table but flagged.
+    assert (rows["id1"].keep, rows["id1"].filter_reason) == (True, None)
+    assert (rows["id2"].keep, rows["id2"].filter_reason) == (False, "too_small")
+    assert len(rows["id1"].image_sha256) == 64 and isinstance(rows["id1"].phash, int)
     rej = {r.sample_id: r.reason for r in rejected_rows(prepared, run_id="r1").collect()}
     assert rej == {"id3": "undecodable", "id4": "missing_image", "id5": "empty"}
 
 
 def test_outcome_counts_balance(spark):
     rows = outcome_counts(_prepared(spark)).collect()
-    counts = {(r.source, r.status, r.reason): r["count"] for r in rows}
+    counts = {(r.source, r.status, r.reason, r.filter_reason): r["count"] for r in rows}
     assert counts == {
-        ("s1", "ok", None): 2,
-        ("s1", "rejected", "undecodable"): 1,
-        ("s2", "rejected", "missing_image"): 1,
-        ("s2", "rejected", "empty"): 1,
+        ("s1", "ok", None, None): 1,
+        ("s1", "ok", None, "too_small"): 1,
+        ("s1", "rejected", "undecodable", None): 1,
+        ("s2", "rejected", "missing_image", None): 1,
+        ("s2", "rejected", "empty", None): 1,
     }

@@ -1,16 +1,20 @@
-"""Image preparation: robust decode, orientation, RGB, JPEG re-encode.
+"""Image preparation: safe decode, orientation, colour, JPEG re-encode, hashes, flags.
 
-:func:`prepare_image` is plain Python on one image and never raises for bad data: a
-corrupt, empty, oversized or bomb-sized input returns a result with ``status`` set to
-``"rejected"`` and a ``reason`` from :data:`REJECT_REASONS`. :func:`prepare_udf` wraps
-it as a vectorised pandas UDF over Arrow batches.
+:func:`prepare_image` is plain Python on one image and never raises for bad data: an
+empty, oversized, bomb-sized, truncated or non-image input returns ``status =
+"rejected"`` and a ``reason`` from :data:`REJECT_REASONS`. A decodable image is always
+``"ok"``; light quality filters (too small, extreme aspect ratio) only set ``keep =
+False`` and a ``filter_reason`` -- nothing is deleted for a quality opinion.
+
+:func:`prepare_udf` wraps it as a vectorised pandas UDF over Arrow batches.
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 from pyspark.sql import types as T
@@ -19,12 +23,26 @@ from pyspark.sql.functions import pandas_udf
 __all__ = [
     "PREPARED_TYPE",
     "REJECT_REASONS",
+    "FILTER_REASONS",
+    "FLAGS",
+    "PrepareOptions",
     "PreparedImage",
     "prepare_image",
+    "dhash64",
     "prepare_udf",
 ]
 
 REJECT_REASONS = ("empty", "too_large_bytes", "too_many_pixels", "truncated", "undecodable")
+FILTER_REASONS = ("too_small", "extreme_aspect")
+# What a flag in `flags` means:
+#   has_alpha     transparency composited on white      multi_frame  animation/pages: frame 0
+#   exif_rotated  EXIF orientation applied               icc_converted  ICC profile -> sRGB
+#   resized       downscaled to max_side (Lanczos)       passthrough  original JPEG bytes kept
+#   high_bit_depth 16-bit input reduced to 8 bits        icc_failed   profile unusable, ignored
+FLAGS = (
+    "has_alpha", "multi_frame", "exif_rotated", "icc_converted", "icc_failed", "resized",
+    "passthrough", "high_bit_depth",
+)
 
 PREPARED_TYPE = T.StructType(
     [
@@ -35,6 +53,12 @@ PREPARED_TYPE = T.StructType(
         T.StructField("original_height", T.IntegerType(), True),
         T.StructField("original_format", T.StringType(), True),
         T.StructField("original_bytes", T.LongType(), True),
+        T.StructField("image_sha256", T.StringType(), True),
+        T.StructField("phash", T.LongType(), True),
+        T.StructField("aspect_ratio", T.DoubleType(), True),
+        T.StructField("flags", T.ArrayType(T.StringType(), False), True),
+        T.StructField("keep", T.BooleanType(), True),
+        T.StructField("filter_reason", T.StringType(), True),
         T.StructField("status", T.StringType(), False),
         T.StructField("reason", T.StringType(), True),
         T.StructField("detail", T.StringType(), True),
@@ -43,114 +67,225 @@ PREPARED_TYPE = T.StructType(
 
 
 @dataclass(frozen=True)
+class PrepareOptions:
+    quality: int = 92
+    subsampling: str = "4:2:0"  # "4:4:4", "4:2:2" or "4:2:0"
+    max_bytes: int = 64 * 1024 * 1024
+    max_pixels: int = 100_000_000
+    max_side: int | None = None  # downscale (Lanczos) so the longer side fits
+    passthrough_jpeg: bool = False  # keep baseline RGB JPEGs within limits as they are
+    min_side: int = 64  # filter: shorter side below this -> keep=False, too_small
+    max_aspect_ratio: float = 5.0  # filter: long/short side above this -> extreme_aspect
+
+
+@dataclass(frozen=True)
 class PreparedImage:
-    image: bytes | None
-    width: int | None
-    height: int | None
-    original_width: int | None
-    original_height: int | None
-    original_format: str | None
-    original_bytes: int | None
     status: str
+    image: bytes | None = None
+    width: int | None = None
+    height: int | None = None
+    original_width: int | None = None
+    original_height: int | None = None
+    original_format: str | None = None
+    original_bytes: int | None = None
+    image_sha256: str | None = None
+    phash: int | None = None
+    aspect_ratio: float | None = None
+    flags: list[str] = field(default_factory=list)
+    keep: bool | None = None
+    filter_reason: str | None = None
     reason: str | None = None
     detail: str | None = None
 
 
 def _rejected(reason: str, detail: str, nbytes: int | None, **kw) -> PreparedImage:
-    base = dict(
-        image=None, width=None, height=None, original_width=None, original_height=None,
-        original_format=None,
-    )
-    base.update(kw)
     return PreparedImage(
-        **base, original_bytes=nbytes, status="rejected", reason=reason, detail=detail[:500]
+        status="rejected", reason=reason, detail=detail[:500], original_bytes=nbytes, **kw
     )
 
 
-def prepare_image(
-    data: bytes | None, *, quality: int = 92, max_bytes: int, max_pixels: int
-) -> PreparedImage:
-    """Decode `data`, apply EXIF orientation, flatten to 8-bit RGB, encode as JPEG."""
+def dhash64(im) -> int:
+    """64-bit difference hash (signed, for Spark's LongType): 9x8 grey thumbnail, one bit
+    per horizontal neighbour pair. Near-duplicates differ in a few bits."""
+    import numpy as np
+    from PIL import Image
+
+    small = im.convert("L").resize((9, 8), Image.Resampling.BILINEAR, reducing_gap=2.0)
+    px = np.asarray(small, dtype=np.int16)
+    bits = (px[:, 1:] > px[:, :-1]).flatten()
+    value = int("".join("1" if b else "0" for b in bits), 2)
+    return value - (1 << 64) if value >= (1 << 63) else value
+
+
+def _filters(w: int, h: int, opts: PrepareOptions) -> tuple[bool, str | None]:
+    if min(w, h) < opts.min_side:
+        return False, "too_small"
+    if max(w, h) / min(w, h) > opts.max_aspect_ratio:
+        return False, "extreme_aspect"
+    return True, None
+
+
+def _to_srgb(im, flags: list[str]):
+    """Convert an embedded ICC profile to sRGB; leave sRGB and profile-less images."""
+    icc = im.info.get("icc_profile")
+    if not icc or im.mode not in ("RGB", "RGBA", "CMYK", "L", "LA"):
+        return im
+    from PIL import ImageCms
+
+    try:
+        src = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        if "srgb" in (ImageCms.getProfileDescription(src) or "").lower():
+            return im
+        out_mode = "RGBA" if im.mode in ("RGBA", "LA") else "RGB"
+        base = im.convert("RGBA") if im.mode == "LA" else im
+        converted = ImageCms.profileToProfile(
+            base, src, ImageCms.createProfile("sRGB"), outputMode=out_mode
+        )
+        flags.append("icc_converted")
+        return converted
+    except (ImageCms.PyCMSError, OSError, ValueError, TypeError):
+        flags.append("icc_failed")
+        return im
+
+
+def _to_rgb(im, flags: list[str]):
+    """8-bit RGB; transparency is composited on white."""
+    from PIL import Image
+
+    if im.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
+        import numpy as np
+
+        arr = np.asarray(im, dtype=np.float64)
+        if im.mode != "F":
+            flags.append("high_bit_depth")
+            arr = arr / (65535.0 if arr.max() > 255 else 255.0) * 255.0
+        im = Image.fromarray(arr.clip(0, 255).astype("uint8"), mode="L")
+    if im.mode == "P" and "transparency" in im.info:
+        im = im.convert("RGBA")
+    if im.mode in ("RGBA", "LA", "PA", "La", "RGBa"):
+        rgba = im.convert("RGBA")
+        if rgba.getextrema()[3][0] < 255:  # any pixel not fully opaque
+            flags.append("has_alpha")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return im if im.mode == "RGB" else im.convert("RGB")
+
+
+def _can_pass_through(im, data: bytes, opts: PrepareOptions) -> bool:
+    if not (opts.passthrough_jpeg and im.format == "JPEG" and im.mode == "RGB"):
+        return False
+    if im.info.get("progressive") or im.info.get("progression"):
+        return False
+    if im.getexif().get(0x0112, 1) != 1 or im.info.get("icc_profile"):
+        return False
+    if opts.max_side and max(im.size) > opts.max_side:
+        return False
+    return data[:2] == b"\xff\xd8"
+
+
+def prepare_image(data: bytes | None, opts: PrepareOptions) -> PreparedImage:
+    """Decode `data` safely and return the JPEG the curated table stores, with hashes,
+    flags and the light-filter verdict; never raises for bad image data."""
     from PIL import Image, ImageOps
 
     if data is None or len(data) == 0:
         return _rejected("empty", "zero-byte or missing image", 0 if data is not None else None)
     nbytes = len(data)
-    if nbytes > max_bytes:
-        return _rejected("too_large_bytes", f"{nbytes} bytes > cap {max_bytes}", nbytes)
+    if nbytes > opts.max_bytes:
+        return _rejected("too_large_bytes", f"{nbytes} bytes > cap {opts.max_bytes}", nbytes)
+    flags: list[str] = []
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             im = Image.open(io.BytesIO(data))
             fmt = im.format
-            w, h = im.size  # from the header: nothing decoded yet
-            if w * h > max_pixels:
+            ow, oh = im.size  # from the header: no pixel is decoded yet
+            if ow * oh > opts.max_pixels:
                 return _rejected(
-                    "too_many_pixels", f"{w}x{h} > cap {max_pixels} px", nbytes,
-                    original_width=w, original_height=h, original_format=fmt,
+                    "too_many_pixels", f"{ow}x{oh} > cap {opts.max_pixels} px", nbytes,
+                    original_width=ow, original_height=oh, original_format=fmt,
                 )
-            im.seek(0)
+            if getattr(im, "n_frames", 1) > 1:
+                flags.append("multi_frame")
+                im.seek(0)
+            if _can_pass_through(im, data, opts):
+                # Decode at 1/8 scale: checks the whole stream (a truncated file still
+                # fails) and gives the hash, without a full-size decode or re-encode.
+                im.draft("RGB", (max(1, ow // 8), max(1, oh // 8)))
+                im.load()
+                flags.append("passthrough")
+                return _ok(data, ow, oh, ow, oh, fmt, nbytes, dhash64(im), flags, opts)
+            if opts.max_side and fmt == "JPEG" and max(ow, oh) > 2 * opts.max_side:
+                # DCT-domain downscale while decoding: far cheaper than a full decode.
+                scale = opts.max_side / max(ow, oh)
+                im.draft(im.mode, (int(ow * scale) + 1, int(oh * scale) + 1))
             im.load()
-            im = ImageOps.exif_transpose(im)
-            rgb = _to_rgb(im)
+            orientation = im.getexif().get(0x0112, 1)
+            if orientation != 1:
+                im = ImageOps.exif_transpose(im)
+                flags.append("exif_rotated")
+                if orientation in (5, 6, 7, 8):  # transposed: report displayed dimensions
+                    ow, oh = oh, ow
+            rgb = _to_rgb(_to_srgb(im, flags), flags)
+            if opts.max_side and max(rgb.size) > opts.max_side:
+                scale = opts.max_side / max(rgb.size)
+                size = (max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale)))
+                rgb = rgb.resize(size, Image.Resampling.LANCZOS)
+                flags.append("resized")
             out = io.BytesIO()
-            rgb.save(out, format="JPEG", quality=quality)
+            rgb.save(out, format="JPEG", quality=opts.quality, subsampling=opts.subsampling)
+            encoded = out.getvalue()
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         return _rejected("too_many_pixels", str(exc), nbytes)
     except Image.UnidentifiedImageError:
         return _rejected(
             "undecodable", f"not a recognised image format (starts {data[:8].hex()})", nbytes
         )
-    except (OSError, SyntaxError, ValueError, EOFError) as exc:
+    except (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError) as exc:
         reason = "truncated" if "truncated" in str(exc).lower() else "undecodable"
         return _rejected(reason, f"{type(exc).__name__}: {exc}", nbytes)
+    return _ok(encoded, rgb.width, rgb.height, ow, oh, fmt, nbytes, dhash64(rgb), flags, opts)
+
+
+def _ok(encoded, w, h, ow, oh, fmt, nbytes, phash, flags, opts) -> PreparedImage:
+    keep, why = _filters(w, h, opts)
     return PreparedImage(
-        image=out.getvalue(),
-        width=rgb.width,
-        height=rgb.height,
-        original_width=w,
-        original_height=h,
+        status="ok",
+        image=encoded,
+        width=w,
+        height=h,
+        original_width=ow,
+        original_height=oh,
         original_format=fmt,
         original_bytes=nbytes,
-        status="ok",
+        image_sha256=hashlib.sha256(encoded).hexdigest(),
+        phash=phash,
+        aspect_ratio=round(w / h, 6),
+        flags=flags,
+        keep=keep,
+        filter_reason=why,
     )
 
 
-def _to_rgb(im):
-    """8-bit RGB; transparency is composited on white."""
-    from PIL import Image
-
-    if im.mode in ("I;16", "I;16B", "I;16L", "I"):
-        import numpy as np
-
-        arr = np.asarray(im, dtype=np.uint32)
-        im = Image.fromarray((arr >> 8).clip(0, 255).astype("uint8"), mode="L")
-    if im.mode == "P" and "transparency" in im.info:
-        im = im.convert("RGBA")
-    if im.mode in ("RGBA", "LA", "PA"):
-        rgba = im.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return im if im.mode == "RGB" else im.convert("RGB")
+def _prepare_batch(images: pd.Series, opts: PrepareOptions) -> pd.DataFrame:
+    rows = []
+    for b in images:
+        try:
+            result = prepare_image(None if b is None else bytes(b), opts)
+        except Exception as exc:  # noqa: BLE001 -- one image must never fail the task
+            result = _rejected("undecodable", f"unexpected {type(exc).__name__}: {exc}", None)
+        rows.append(asdict(result))
+    frame = pd.DataFrame(rows, columns=PREPARED_TYPE.fieldNames())
+    for col in ("width", "height", "original_width", "original_height", "original_bytes", "phash"):
+        frame[col] = frame[col].astype("Int64")
+    return frame
 
 
-def prepare_udf(*, quality: int, max_bytes: int, max_pixels: int):
+def prepare_udf(opts: PrepareOptions):
     """A pandas UDF: binary image column -> struct of :data:`PREPARED_TYPE`."""
 
     @pandas_udf(PREPARED_TYPE)
     def prepare(images: pd.Series) -> pd.DataFrame:
-        rows = [
-            asdict(
-                prepare_image(
-                    None if b is None else bytes(b),
-                    quality=quality, max_bytes=max_bytes, max_pixels=max_pixels,
-                )
-            )
-            for b in images
-        ]
-        frame = pd.DataFrame(rows, columns=PREPARED_TYPE.fieldNames())
-        for col in ("width", "height", "original_width", "original_height", "original_bytes"):
-            frame[col] = frame[col].astype("Int64")
-        return frame
+        return _prepare_batch(images, opts)
 
     return prepare

@@ -39,6 +39,8 @@ class SourceCounts:
     accepted: int
     rejected: int
     reasons: dict[str, int] = field(default_factory=dict)
+    # Accepted but flagged by a light filter (keep = false), by filter reason.
+    filtered: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,12 +86,19 @@ def _counts_by_source(rows: list, sources: list[str]) -> tuple[SourceCounts, ...
         accepted = sum(r["count"] for r in mine if r["status"] == "ok")
         rejected = sum(r["count"] for r in mine if r["status"] != "ok")
         reasons: dict[str, int] = {}
+        filtered: dict[str, int] = {}
         for r in mine:
             if r["status"] != "ok":
                 key = r["reason"] or "unknown"
                 reasons[key] = reasons.get(key, 0) + r["count"]
-        reasons = dict(sorted(reasons.items()))
-        out.append(SourceCounts(name, accepted + rejected, accepted, rejected, reasons))
+            elif r["filter_reason"]:
+                filtered[r["filter_reason"]] = filtered.get(r["filter_reason"], 0) + r["count"]
+        out.append(
+            SourceCounts(
+                name, accepted + rejected, accepted, rejected,
+                dict(sorted(reasons.items())), dict(sorted(filtered.items())),
+            )
+        )
     return tuple(out)
 
 
@@ -97,16 +106,9 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     sc = spark.sparkContext
     curated_path = cfg.storage.lance_table(CURATED_TABLE)
     rejects_path = cfg.storage.delta_table(REJECTS_TABLE)
-    p = cfg.prepare
-
     sc.setJobDescription("lakeshard curate: ingest + prepare images")
     prepared = (
-        prepare_images(
-            ingest(spark, cfg),
-            quality=p.jpeg_quality,
-            max_bytes=p.max_image_bytes,
-            max_pixels=p.max_pixels,
-        )
+        prepare_images(ingest(spark, cfg), cfg.prepare.options())
         .drop("image_bytes")
         .persist(StorageLevel.MEMORY_AND_DISK)
     )

@@ -23,10 +23,11 @@ def export(spark: SparkSession, cfg: Config, name: str, work_id: str) -> ExportR
         raise FileNotFoundError(
             f"no curated table at {curated_path}: run `lakeshard curate` first"
         ) from exc
-    expected = table.count_rows()
-    curated = (
-        spark.read.format("lance").option("version", str(table.version)).load(curated_path)
-    )
+    expected = table.count_rows(filter=exp.where)
+    reader = spark.read.format("lance").option("version", str(table.version))
+    if exp.where:
+        reader = reader.option("filter", exp.where)
+    curated = reader.load(curated_path)
     rows = curated.select(
         "image",
         # A sample without a caption trains as unconditional: empty string, not null.

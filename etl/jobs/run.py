@@ -27,13 +27,20 @@ def new_run_id() -> str:
 def format_summary(run_id: str, cur: CurateResult | None, exports: list[ExportResult]) -> str:
     lines = [f"lakeshard run {run_id}"]
     if cur is not None:
-        header = f"{'source':<20} {'seen':>7} {'accepted':>9} {'rejected':>9}  reasons"
+        header = (
+            f"{'source':<20} {'seen':>7} {'accepted':>9} {'rejected':>9} {'flagged':>8}  "
+            "reasons (rejected; flagged)"
+        )
         lines += ["", header, "-" * len(header)]
         for c in cur.counts:
-            reasons = ", ".join(f"{k}={v}" for k, v in c.reasons.items()) or "-"
-            lines.append(f"{c.source:<20} {c.seen:>7} {c.accepted:>9} {c.rejected:>9}  {reasons}")
+            why = ", ".join(f"{k}={v}" for k, v in {**c.reasons, **c.filtered}.items()) or "-"
+            lines.append(
+                f"{c.source:<20} {c.seen:>7} {c.accepted:>9} {c.rejected:>9} "
+                f"{sum(c.filtered.values()):>8}  {why}"
+            )
         tot = [sum(getattr(c, f) for c in cur.counts) for f in ("seen", "accepted", "rejected")]
-        lines.append(f"{'total':<20} {tot[0]:>7} {tot[1]:>9} {tot[2]:>9}")
+        flagged = sum(sum(c.filtered.values()) for c in cur.counts)
+        lines.append(f"{'total':<20} {tot[0]:>7} {tot[1]:>9} {tot[2]:>9} {flagged:>8}")
         lines += [
             "",
             f"curated (Lance) : {cur.curated_path}  version {cur.curated_version}, "

@@ -6,20 +6,18 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
-from udfs.images import prepare_udf
+from udfs.images import PrepareOptions, prepare_udf
 
 __all__ = ["prepare_images", "accepted_rows", "rejected_rows", "outcome_counts"]
 
 
-def prepare_images(
-    ingested: DataFrame, *, quality: int, max_bytes: int, max_pixels: int
-) -> DataFrame:
+def prepare_images(ingested: DataFrame, opts: PrepareOptions) -> DataFrame:
     """Run the image UDF over rows that were read; keep every row.
 
     The result has the ingest columns, a `prepared` struct (null where the read
     already failed) and a final `status` / `stage` / `reason` / `detail` per row.
     """
-    udf = prepare_udf(quality=quality, max_bytes=max_bytes, max_pixels=max_pixels)
+    udf = prepare_udf(opts)
     read_ok = F.col("read_status") == "ok"
     prepared = ingested.withColumn(
         "prepared", F.when(read_ok, udf(F.col("image_bytes")))
@@ -53,6 +51,12 @@ def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column) -> D
         p.original_format.alias("original_format"),
         p.original_bytes.alias("original_bytes"),
         F.length(p.image).cast("long").alias("image_bytes"),
+        p.image_sha256.alias("image_sha256"),
+        p.phash.alias("phash"),
+        p.aspect_ratio.alias("aspect_ratio"),
+        p.flags.alias("flags"),
+        p.keep.alias("keep"),
+        p.filter_reason.alias("filter_reason"),
         F.lit(run_id).alias("run_id"),
         ingested_at.alias("ingested_at"),
     ).select(*CURATED_COLUMNS)
@@ -73,5 +77,7 @@ def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
 
 
 def outcome_counts(prepared: DataFrame) -> DataFrame:
-    """Counts by (source, stage, status, reason): the run's accounting, as data."""
-    return prepared.groupBy("source", "stage", "status", "reason").count()
+    """Counts by (source, stage, status, reason, filter_reason): the run's accounting,
+    as data. `filter_reason` is set on accepted rows a light filter flagged."""
+    filter_reason = F.col("prepared.filter_reason").alias("filter_reason")
+    return prepared.groupBy("source", "stage", "status", "reason", filter_reason).count()

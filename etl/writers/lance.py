@@ -108,7 +108,8 @@ class _LanceWriter(DataSourceArrowWriter):
             nonlocal rows
             for batch in iterator:
                 rows += batch.num_rows
-                yield batch.cast(self.schema) if batch.schema != self.schema else batch
+                batch = batch.cast(self.schema) if batch.schema != self.schema else batch
+                yield _rebuild_empty_lists(batch)
 
         reader = pa.RecordBatchReader.from_batches(self.schema, batches())
         fragments = write_fragments(
@@ -143,6 +144,24 @@ class _LanceWriter(DataSourceArrowWriter):
                     local = os.path.join(self.path, "data", data_file.path)
                     if os.path.exists(local):
                         os.remove(local)
+
+
+def _rebuild_empty_lists(batch: pa.RecordBatch) -> pa.RecordBatch:
+    """Work around pylance 14 rejecting list columns whose values are all empty.
+
+    Arrow IPC (how Spark hands batches to Python) may give an empty child array a
+    zero-length offsets buffer; Lance then reads garbage offsets ("Error converting
+    offset[0] (-189153672) to usize"). Rebuilding such columns in Python gives them
+    a proper offsets buffer. Only list columns without any child values are touched.
+    """
+    columns = list(batch.columns)
+    changed = False
+    for i, col in enumerate(columns):
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            if len(col.values) == 0 and len(col) > 0:
+                columns[i] = pa.array(col.to_pylist(), type=col.type)
+                changed = True
+    return pa.RecordBatch.from_arrays(columns, schema=batch.schema) if changed else batch
 
 
 def _exists(path: str) -> bool:
