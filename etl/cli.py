@@ -11,6 +11,13 @@ from etl.config import Config, ConfigError, load_config
 __all__ = ["main"]
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def _load(args) -> Config:
     return load_config(args.conf)
 
@@ -66,6 +73,24 @@ def _cmd_sql(args) -> int:
     return 0
 
 
+def _cmd_jpeg_audit(args) -> int:
+    from etl.jobs.jpeg_audit import format_audit, jpeg_audit
+    from etl.session import get_spark
+
+    from etl.samples import ensure_samples
+    from etl.sources import adapter_for
+
+    cfg = _load(args)
+    src = cfg.source(args.source)  # an unknown name, a missing path: fail before Spark
+    ensure_samples(cfg)
+    adapter_for(src.kind).check_inputs(src)
+    summary, out_dir = jpeg_audit(
+        get_spark(cfg), cfg, args.source, sample=args.sample, generations=args.generations
+    )
+    print(format_audit(summary, out_dir))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lakeshard",
@@ -90,6 +115,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("samples", help="build the bundled sample sources if missing")
     p.set_defaults(func=_cmd_samples)
+
+    p = sub.add_parser(
+        "jpeg-audit", help="measure PSNR/SSIM of repeated JPEG re-encoding on a source sample"
+    )
+    p.add_argument("--source", required=True, help="configured source name")
+    p.add_argument("--sample", type=_positive, default=50, help="images to audit")
+    p.add_argument("--generations", type=_positive, default=5, help="re-encodes in a row")
+    p.set_defaults(func=_cmd_jpeg_audit)
 
     p = sub.add_parser("sql", help="run Spark SQL over the Lance tables (views by name)")
     p.add_argument("query")

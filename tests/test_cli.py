@@ -89,3 +89,19 @@ def test_run_prints_the_per_source_table_and_outputs(tmp_path):
                      "SELECT count(*) AS n FROM curated")
     assert res.returncode == 0, res.stderr[-3000:]
     assert re.search(r"^\|\s*7\|$", res.stdout, re.M), res.stdout
+
+
+@pytest.mark.slow
+def test_jpeg_audit_on_the_sample_source(tmp_path):
+    conf = _write_conf(tmp_path)
+    res = _lakeshard("jpeg-audit", "--conf", str(conf), "--source", "pics", "--sample", "3",
+                     "--generations", "2")
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    gens = [ln.split() for ln in lines if ln.strip()[:1].isdigit()]
+    assert [g[0] for g in gens] == ["1", "2"]
+    assert all(float(g[1]) > 30 for g in gens)  # mean PSNR in dB
+    (report,) = (tmp_path / "data" / "reports").glob("jpeg-audit-pics-*")
+    assert (report / "audit.png").stat().st_size > 1000
+    assert (report / "audit.json").exists()
+    assert _lakeshard("jpeg-audit", "--conf", str(conf), "--source", "nope").returncode == 2
