@@ -75,9 +75,8 @@ def _cmd_sql(args) -> int:
 
 def _cmd_jpeg_audit(args) -> int:
     from etl.jobs.jpeg_audit import format_audit, jpeg_audit
-    from etl.session import get_spark
-
     from etl.samples import ensure_samples
+    from etl.session import get_spark
     from etl.sources import adapter_for
 
     cfg = _load(args)
