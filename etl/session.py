@@ -46,6 +46,9 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Image rows are ~0.1-20 MB: bound the rows per Arrow batch a UDF receives, or a
+        # default 10,000-row batch of images can exhaust a Python worker's memory.
+        "spark.sql.execution.arrow.maxRecordsPerBatch": "64",
         "spark.python.worker.reuse": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",

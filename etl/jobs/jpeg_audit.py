@@ -80,6 +80,8 @@ def _plot(summary: list[dict], quality: int, source: str, path: str) -> None:
     ax2.plot(gens, [r["ssim_min"] for r in summary], "s--", label="min")
     ax2.set(xlabel="re-encode generation", ylabel="SSIM", title="SSIM vs first decode")
     ax2.legend()
+    for ax in (ax1, ax2):
+        ax.set_xticks(gens)
     fig.suptitle(f"JPEG q{quality} re-encoding on source {source!r}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
