@@ -24,18 +24,27 @@ __all__ = [
 # never collide.
 SAMPLE_ID_SEPARATOR = "\x1f"
 
+# Which record a row is: the lineage every table carries first.
+_RECORD_FIELDS = [
+    T.StructField("sample_id", T.StringType(), False),
+    T.StructField("source", T.StringType(), False),
+    T.StructField("source_key", T.StringType(), False),
+    T.StructField("source_uri", T.StringType(), True),
+]
+# What the source said about it.
+_SOURCE_FIELDS = [
+    T.StructField("caption_original", T.StringType(), True),
+    T.StructField("license", T.StringType(), True),
+    T.StructField("metadata_json", T.StringType(), True),
+]
+
 # What every source adapter returns: one row per input record, before image work.
 # `read_status`/`read_reason` carry per-record read failures (a missing file, null
 # bytes) so that no record is dropped before it is counted.
 INGEST_SCHEMA = T.StructType(
-    [
-        T.StructField("sample_id", T.StringType(), False),
-        T.StructField("source", T.StringType(), False),
-        T.StructField("source_key", T.StringType(), False),
-        T.StructField("source_uri", T.StringType(), True),
-        T.StructField("caption_original", T.StringType(), True),
-        T.StructField("license", T.StringType(), True),
-        T.StructField("metadata_json", T.StringType(), True),
+    _RECORD_FIELDS
+    + _SOURCE_FIELDS
+    + [
         T.StructField("image_bytes", T.BinaryType(), True),
         T.StructField("read_status", T.StringType(), False),
         T.StructField("read_reason", T.StringType(), True),
@@ -43,16 +52,11 @@ INGEST_SCHEMA = T.StructType(
 )
 INGEST_COLUMNS = tuple(INGEST_SCHEMA.fieldNames())
 
-# The curated Lance table (one row per accepted sample).
+# The curated Lance table: one row per accepted sample, kept or flagged.
 CURATED_SCHEMA = T.StructType(
-    [
-        T.StructField("sample_id", T.StringType(), False),
-        T.StructField("source", T.StringType(), False),
-        T.StructField("source_key", T.StringType(), False),
-        T.StructField("source_uri", T.StringType(), True),
-        T.StructField("caption_original", T.StringType(), True),
-        T.StructField("license", T.StringType(), True),
-        T.StructField("metadata_json", T.StringType(), True),
+    _RECORD_FIELDS
+    + _SOURCE_FIELDS
+    + [
         T.StructField("image", T.BinaryType(), False),
         T.StructField("width", T.IntegerType(), False),
         T.StructField("height", T.IntegerType(), False),
@@ -75,11 +79,8 @@ CURATED_COLUMNS = tuple(CURATED_SCHEMA.fieldNames())
 
 # The Delta `rejects` table: one row per record that did not make it, and why.
 REJECTS_SCHEMA = T.StructType(
-    [
-        T.StructField("sample_id", T.StringType(), False),
-        T.StructField("source", T.StringType(), False),
-        T.StructField("source_key", T.StringType(), False),
-        T.StructField("source_uri", T.StringType(), True),
+    _RECORD_FIELDS
+    + [
         T.StructField("stage", T.StringType(), False),
         T.StructField("reason", T.StringType(), False),
         T.StructField("detail", T.StringType(), True),

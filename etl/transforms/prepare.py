@@ -6,7 +6,7 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
-from udfs.images import PrepareOptions, prepare_udf
+from udfs.images import PREPARED_TYPE, PrepareOptions, prepare_udf
 
 __all__ = ["prepare_images", "accepted_rows", "rejected_rows", "outcome_counts"]
 
@@ -35,31 +35,16 @@ def prepare_images(ingested: DataFrame, opts: PrepareOptions) -> DataFrame:
 def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column) -> DataFrame:
     """Rows for the curated table, in its column order."""
     p = F.col("prepared")
+    columns = {c: F.col(c) for c in prepared.columns}
+    columns.update({f: p[f] for f in PREPARED_TYPE.fieldNames()})
+    columns.update(
+        image_bytes=F.length(p.image).cast("long"),  # the stored JPEG's size
+        run_id=F.lit(run_id),
+        ingested_at=ingested_at,
+    )
     return prepared.where(F.col("status") == "ok").select(
-        "sample_id",
-        "source",
-        "source_key",
-        "source_uri",
-        "caption_original",
-        "license",
-        "metadata_json",
-        p.image.alias("image"),
-        p.width.alias("width"),
-        p.height.alias("height"),
-        p.original_width.alias("original_width"),
-        p.original_height.alias("original_height"),
-        p.original_format.alias("original_format"),
-        p.original_bytes.alias("original_bytes"),
-        F.length(p.image).cast("long").alias("image_bytes"),
-        p.image_sha256.alias("image_sha256"),
-        p.phash.alias("phash"),
-        p.aspect_ratio.alias("aspect_ratio"),
-        p.flags.alias("flags"),
-        p.keep.alias("keep"),
-        p.filter_reason.alias("filter_reason"),
-        F.lit(run_id).alias("run_id"),
-        ingested_at.alias("ingested_at"),
-    ).select(*CURATED_COLUMNS)
+        *[columns[c].alias(c) for c in CURATED_COLUMNS]
+    )
 
 
 def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
