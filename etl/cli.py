@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 
 from etl.config import Config, ConfigError, load_config
@@ -90,6 +91,26 @@ def _cmd_jpeg_audit(args) -> int:
     return 0
 
 
+def _cmd_verify_export(args) -> int:
+    from etl.jobs.verify_export import verify_export
+
+    cfg = _load(args)
+    cfg.export(args.name)
+    path = cfg.storage.export_dir(args.name)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"no export at {path}: run `lakeshard export --name {args.name}`")
+    report = verify_export(path)
+    print(
+        f"{path}: {report.samples} samples in {report.shards} shard(s); "
+        f"{report.images_decoded} images decoded; {report.loader_samples} read through "
+        "a shuffled DataLoader with 2 workers"
+    )
+    for problem in report.problems:
+        print(f"PROBLEM: {problem}")
+    print("OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lakeshard",
@@ -111,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export the curated table to MDS")
     p.add_argument("--name", action="append", default=[], help="export name (repeatable)")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("verify-export", help="check an export: counts, hashes, every image")
+    p.add_argument("name", help="export name under `exports:`")
+    p.set_defaults(func=_cmd_verify_export)
 
     p = sub.add_parser("samples", help="build the bundled sample sources if missing")
     p.set_defaults(func=_cmd_samples)

@@ -117,6 +117,12 @@ class ExportConfig:
     # Which curated rows to export: a Lance SQL predicate, evaluated by Lance's scanner.
     # The default leaves out rows a light filter flagged (keep = false).
     where: str | None = "keep"
+    # MDS caption column -> curated column; each becomes a `str` column (null -> "").
+    captions: Mapping[str, str] = field(default_factory=lambda: {"caption": "caption_original"})
+    # Extra curated columns to carry as they are (str, int, float types).
+    columns: tuple[str, ...] = ()
+    # Seed of the order inside each partition; same table version + seed = same bytes.
+    seed: int = 0
 
 
 @dataclass(frozen=True)
@@ -313,6 +319,9 @@ def _parse_exports(raw: Any) -> tuple[ExportConfig, ...]:
                 where=None if body.get("where", d.where) in (None, "") else _str(
                     body.get("where", d.where), f"{where}.where"
                 ),
+                captions=_str_map(body.get("captions", d.captions) or {}, f"{where}.captions"),
+                columns=tuple(_str(c, f"{where}.columns") for c in body.get("columns") or ()),
+                seed=_int(body.get("seed", d.seed), f"{where}.seed", 0),
             )
         )
     return tuple(out)

@@ -85,6 +85,11 @@ def test_run_prints_the_per_source_table_and_outputs(tmp_path):
     assert seen == accepted + rejected and accepted == 7 and rejected == 3
     assert (tmp_path / "data" / "mds" / "default" / "index.json").exists()
 
+    res = _lakeshard("verify-export", "--conf", str(_write_conf(tmp_path)), "default")
+    assert res.returncode == 0, res.stdout + res.stderr[-3000:]
+    assert res.stdout.strip().endswith("OK") and "7 images decoded" not in res.stdout
+    assert "6 images decoded" in res.stdout  # the 7th accepted image is flagged, not exported
+
     res = _lakeshard("sql", "--conf", str(_write_conf(tmp_path)),
                      "SELECT count(*) AS n FROM curated")
     assert res.returncode == 0, res.stderr[-3000:]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 from conftest import jpeg_bytes
 from PIL import Image
 from pyspark.sql import functions as F
 
-from etl.writers.mds import MDS_COLUMNS, export_mds
+from etl.writers.mds import FIXED_COLUMNS, export_mds
 
 
 @pytest.fixture(autouse=True)
@@ -51,14 +52,17 @@ def test_export_writes_one_subdir_per_task_and_one_root_index(spark, tmp_path):
     df, data = _rows(spark, 25)
     out = str(tmp_path / "exp")
     res = export_mds(df, out, partitions=3, size_limit=1 << 16, compression=None,
-                     hashes=("xxh64",), work_id="w1")
+                     hashes=("xxh64",))
     assert res.samples == 25
-    assert sorted(os.listdir(out)) == ["index.json", "part-00000", "part-00001", "part-00002"]
+    assert sorted(os.listdir(out)) == [
+        "index.json", "manifest.json", "part-00000", "part-00001", "part-00002"]
     index = json.load(open(os.path.join(out, "index.json")))
     assert sum(s["samples"] for s in index["shards"]) == 25
     assert all(s["raw_data"]["basename"].startswith("part-000") for s in index["shards"])
-    assert sorted(index["shards"][0]["column_names"]) == sorted(MDS_COLUMNS)
+    assert sorted(index["shards"][0]["column_names"]) == sorted([*FIXED_COLUMNS, "caption"])
     assert os.listdir(tmp_path) == ["exp"]  # no staging or attempt leftovers
+    manifest = json.load(open(os.path.join(out, "manifest.json")))
+    assert manifest["samples"] == 25 and manifest["checksum"] == res.checksum
 
     by_id = {s["sample_id"]: s for s in read_all(out)}
     assert len(by_id) == 25
@@ -79,11 +83,11 @@ def test_export_writes_one_subdir_per_task_and_one_root_index(spark, tmp_path):
 def test_reexport_is_identical_and_replaces_the_old_one(spark, tmp_path):
     df, _ = _rows(spark, 12)
     out = str(tmp_path / "exp")
-    export_mds(df, out, partitions=2, size_limit=1 << 16, compression=None, hashes=(),
-               work_id="a")
+    export_mds(df, out, partitions=2, size_limit=1 << 16, compression=None, hashes=())
     first = _files(out)
+    shutil.rmtree(out)
     export_mds(df.orderBy(F.desc("caption")), out, partitions=2, size_limit=1 << 16,
-               compression=None, hashes=(), work_id="b")
+               compression=None, hashes=())
     assert _files(out) == first
     assert os.listdir(tmp_path) == ["exp"]
 
@@ -91,15 +95,75 @@ def test_reexport_is_identical_and_replaces_the_old_one(spark, tmp_path):
 def test_compressed_export_reads_back(spark, tmp_path):
     df, data = _rows(spark, 6)
     out = str(tmp_path / "z")
-    export_mds(df, out, partitions=2, size_limit=1 << 16, compression="zstd", hashes=(),
-               work_id="z")
+    export_mds(df, out, partitions=2, size_limit=1 << 16, compression="zstd", hashes=())
     assert sorted(s["caption"] for s in read_all(out)) == sorted(d[1] for d in data)
 
 
-def test_non_jpeg_bytes_fail_and_leave_no_export(spark, tmp_path):
+def test_non_jpeg_bytes_fail_and_publish_nothing(spark, tmp_path):
     df, _ = _rows(spark, 2)
     bad = df.withColumn("image", F.lit(b"\x89PNG not a jpeg"))
     with pytest.raises(Exception, match="not a JPEG"):
         export_mds(bad, str(tmp_path / "bad"), partitions=1, size_limit=1 << 16,
-                   compression=None, hashes=(), work_id="x")
-    assert os.listdir(tmp_path) == []
+                   compression=None, hashes=())
+    assert not os.path.exists(tmp_path / "bad")
+    # The staging folder stays for a resume; it holds no finished partition.
+    (staging,) = os.listdir(tmp_path)
+    assert staging.startswith(".bad.staging-")
+    assert not [p for p in os.listdir(tmp_path / staging) if p.startswith("part-")]
+
+
+def test_rerun_with_same_settings_is_a_no_op_and_other_seed_reorders(spark, tmp_path):
+    df, _ = _rows(spark, 10)
+    out = str(tmp_path / "exp")
+    kw = dict(partitions=2, size_limit=1 << 16, compression=None, hashes=())
+    first = export_mds(df, out, **kw)
+    mtime = os.stat(os.path.join(out, "index.json")).st_mtime_ns
+    again = export_mds(df, out, **kw)
+    assert again.checksum == first.checksum and again.resumed_partitions == 2
+    assert os.stat(os.path.join(out, "index.json")).st_mtime_ns == mtime  # untouched
+    other = export_mds(df, out, seed=7, **kw)
+    assert other.samples == 10 and other.checksum != first.checksum
+
+
+def test_interrupted_export_resumes_finished_partitions(spark, tmp_path):
+    """A run that died after finishing partition 0 left staging/part-00000 (a task
+    publishes its partition by one rename when it finishes). The rerun reuses it as
+    written and ends with the same bytes as an export that never failed."""
+    df, _ = _rows(spark, 16)
+    kw = dict(partitions=2, size_limit=1 << 16, compression=None, hashes=())
+    clean = export_mds(df, str(tmp_path / "clean"), **kw)
+    key = json.load(open(tmp_path / "clean" / "manifest.json"))["export_key"]
+
+    staging = tmp_path / f".exp.staging-{key}"
+    staging.mkdir()
+    shutil.copytree(tmp_path / "clean" / "part-00000", staging / "part-00000")
+    (staging / "_attempts" / "part-00001-t99").mkdir(parents=True)  # a dead attempt
+    inode = os.stat(staging / "part-00000" / "index.json").st_ino
+
+    out = str(tmp_path / "exp")
+    resumed = export_mds(df, out, **kw)
+    assert resumed.resumed_partitions == 1
+    assert os.stat(os.path.join(out, "part-00000", "index.json")).st_ino == inode
+    assert resumed.checksum == clean.checksum
+    assert _files(out) == _files(str(tmp_path / "clean"))
+    assert sorted(os.listdir(tmp_path)) == ["clean", "exp"]
+
+
+def test_verify_export_passes_and_catches_a_corrupt_shard(spark, tmp_path):
+    from etl.jobs.verify_export import verify_export
+
+    df, _ = _rows(spark, 12)
+    out = str(tmp_path / "exp")
+    export_mds(df, out, partitions=2, size_limit=1 << 16, compression=None, hashes=("xxh64",))
+    report = verify_export(out, loader_workers=2, loader_samples=8)
+    assert report.ok, report.problems
+    assert (report.samples, report.images_decoded) == (12, 12) and report.loader_samples >= 8
+
+    index = json.load(open(os.path.join(out, "index.json")))
+    shard = os.path.join(out, index["shards"][0]["raw_data"]["basename"])
+    data = bytearray(open(shard, "rb").read())
+    data[-10] ^= 0xFF  # flip bits inside the last sample's bytes
+    open(shard, "wb").write(bytes(data))
+    problems = verify_export(out, loader_workers=0, loader_samples=4).problems
+    assert any("xxh64 hash mismatch" in p for p in problems)
+    assert any("checksum" in p for p in problems)

@@ -5,14 +5,35 @@ from __future__ import annotations
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from etl.config import Config
+from etl.config import Config, ConfigError, ExportConfig
 from etl.jobs.curate import CURATED_TABLE
-from etl.writers.mds import MDS_COLUMNS, ExportResult, export_mds
+from etl.writers.mds import FIXED_COLUMNS, ExportResult, export_mds, mds_encoding
 
-__all__ = ["export"]
+__all__ = ["export", "export_columns"]
 
 
-def export(spark: SparkSession, cfg: Config, name: str, work_id: str) -> ExportResult:
+def export_columns(exp: ExportConfig, table_columns: list[str]) -> dict[str, str]:
+    """MDS column -> curated column, checked against the table before any Spark job."""
+    where = f"exports.{exp.name}"
+    mapping = {c: c for c in FIXED_COLUMNS}
+    for out, src in exp.captions.items():
+        if out in mapping:
+            raise ConfigError(f"{where}.captions: {out!r} clashes with the column {out!r}")
+        mapping[out] = src
+    for col in exp.columns:
+        if col in mapping:
+            raise ConfigError(f"{where}.columns: {col!r} is already exported")
+        mapping[col] = col
+    for out, src in mapping.items():
+        if src not in table_columns:
+            raise ConfigError(
+                f"{where}: column {src!r} (for {out!r}) is not in the curated table "
+                f"(its columns: {', '.join(table_columns)})"
+            )
+    return mapping
+
+
+def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     exp = cfg.export(name)
     curated_path = cfg.storage.lance_table(CURATED_TABLE)
     import lance
@@ -23,22 +44,34 @@ def export(spark: SparkSession, cfg: Config, name: str, work_id: str) -> ExportR
         raise FileNotFoundError(
             f"no curated table at {curated_path}: run `lakeshard curate` first"
         ) from exc
-    expected = table.count_rows(filter=exp.where)
-    reader = spark.read.format("lance").option("version", str(table.version))
+    mapping = export_columns(exp, table.schema.names)
+    try:
+        expected = table.count_rows(filter=exp.where)
+    except (ValueError, OSError) as exc:  # a predicate Lance can't parse
+        raise ConfigError(f"exports.{name}.where: {exp.where!r}: {exc}") from None
+
+    reader = (
+        spark.read.format("lance")
+        .option("version", str(table.version))
+        .option("columns", ",".join(sorted(set(mapping.values()))))
+    )
     if exp.where:
         reader = reader.option("filter", exp.where)
     curated = reader.load(curated_path)
-    rows = curated.select(
-        "image",
-        # A sample without a caption trains as unconditional: empty string, not null.
-        F.coalesce("caption_original", F.lit("")).alias("caption"),
-        "sample_id",
-        "source",
-        "width",
-        "height",
-        "original_width",
-        "original_height",
-    ).select(*MDS_COLUMNS)
+    selected = []
+    for out, src in mapping.items():
+        col = F.col(src)
+        if out in exp.captions:
+            # A sample without this caption trains as unconditional: "", not null.
+            col = F.coalesce(col.cast("string"), F.lit(""))
+        elif src in FIXED_COLUMNS and FIXED_COLUMNS[src] == "int32":
+            col = col.cast("int")
+        selected.append(col.alias(out))
+    rows = curated.select(*selected)
+    for f in rows.schema.fields:  # MDS encodings checked before the job starts
+        if f.name != "image":
+            mds_encoding(f.dataType, f.name)
+
     result = export_mds(
         rows,
         cfg.storage.export_dir(name),
@@ -46,10 +79,15 @@ def export(spark: SparkSession, cfg: Config, name: str, work_id: str) -> ExportR
         size_limit=exp.size_limit,
         compression=exp.compression,
         hashes=exp.hashes,
-        work_id=work_id,
+        seed=exp.seed,
+        manifest={
+            "name": name, "table": curated_path, "table_version": table.version,
+            "where": exp.where, "sources": dict(mapping),
+        },
     )
     if result.samples != expected:
         raise RuntimeError(
-            f"export {name!r} has {result.samples} samples, curated table has {expected}"
+            f"export {name!r} has {result.samples} samples, the table has {expected} "
+            f"matching {exp.where!r}"
         )
     return result

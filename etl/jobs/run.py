@@ -48,9 +48,10 @@ def format_summary(run_id: str, cur: CurateResult | None, exports: list[ExportRe
             f"rejects (Delta) : {cur.rejects_path}",
         ]
     for e in exports:
+        resumed = f", {e.resumed_partitions} partition(s) reused" if e.resumed_partitions else ""
         lines.append(
             f"export (MDS)    : {e.path}  {e.samples} samples in {e.shards} shard(s), "
-            f"{e.bytes / 1e6:.2f} MB"
+            f"{e.bytes / 1e6:.2f} MB{resumed}"
         )
     return "\n".join(lines)
 
@@ -87,6 +88,6 @@ def run(cfg: Config, *, stages: tuple[str, ...] = ("curate", "export"),
     run_id = new_run_id()
     spark = get_spark(cfg)
     cur = curate(spark, cfg, run_id) if "curate" in stages else None
-    exports = [export(spark, cfg, n, run_id) for n in names] if "export" in stages else []
+    exports = [export(spark, cfg, n) for n in names] if "export" in stages else []
     write_summary(cfg, run_id, cur, exports)
     return run_id, cur, exports
