@@ -120,7 +120,9 @@ def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 6
     clean_stale_shared_memory()
     shuffled = StreamingDataset(local=path, shuffle=True, shuffle_seed=1, batch_size=8)
     loader = torch.utils.data.DataLoader(
-        shuffled, batch_size=8, num_workers=loader_workers, collate_fn=_identity
+        shuffled, batch_size=8, num_workers=loader_workers, collate_fn=_identity,
+        # pylance (imported above) is not fork-safe: start workers fresh, as training does.
+        multiprocessing_context="spawn" if loader_workers else None,
     )
     for batch in loader:
         report.loader_samples += len(batch)
