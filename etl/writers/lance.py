@@ -25,6 +25,12 @@ Usage::
     spark.read.format("lance").option("columns", "sample_id,width").load(path)
     spark.read.format("lance").option("filter", "width >= 512").load(path)
     spark.read.format("lance").option("version", "3").load(path)   # time travel
+    spark.read.format("lance").option("fragment_id", "true").load(path)  # + _fragment_id
+
+Appends may carry a subset of the table's columns: columns the table has and the
+DataFrame lacks (caption versions, features added later with
+:mod:`etl.writers.lance_columns`) read as null for the new rows, and the given columns
+are cast to the table's types. A column the table lacks is refused with its name.
 """
 
 from __future__ import annotations
@@ -44,7 +50,11 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-__all__ = ["LanceDataSource", "table_version"]
+__all__ = ["LanceDataSource", "table_version", "FRAGMENT_ID"]
+
+# Read option ``fragment_id``: adds this int column (the Lance fragment each row lives in),
+# which :func:`etl.writers.lance_columns.write_columns` uses to route values home.
+FRAGMENT_ID = "_fragment_id"
 
 def _dataset(path: str, version: int | None = None):
     import lance
@@ -64,7 +74,8 @@ class _LanceReader(DataSourceReader):
     def __init__(self, path: str, version: int, columns: list[str], predicate: str | None):
         self.path = path
         self.version = version
-        self.columns = columns
+        self.with_fragment_id = FRAGMENT_ID in columns
+        self.columns = [c for c in columns if c != FRAGMENT_ID]
         self.predicate = predicate
 
     def partitions(self) -> list[InputPartition]:
@@ -78,9 +89,13 @@ class _LanceReader(DataSourceReader):
         ds = _dataset(self.path, self.version)
         for fid in partition.value:
             frag = ds.get_fragment(fid)
-            yield from frag.to_batches(
+            for batch in frag.to_batches(
                 columns=self.columns, filter=self.predicate, batch_size=1024
-            )
+            ):
+                if self.with_fragment_id:
+                    ids = pa.array([fid] * batch.num_rows, pa.int32())
+                    batch = batch.append_column(FRAGMENT_ID, ids)
+                yield batch
 
 
 # ---------------------------------------------------------------------------- write
@@ -194,8 +209,10 @@ class LanceDataSource(DataSource):
         from pyspark.sql.pandas.types import from_arrow_schema
 
         arrow = _dataset(self._path(), self._version()).schema
-        wanted = self._columns(arrow)
-        return from_arrow_schema(pa.schema([arrow.field(c) for c in wanted]))
+        fields = [arrow.field(c) for c in self._columns(arrow)]
+        if self.options.get("fragment_id", "").lower() == "true":
+            fields.append(pa.field(FRAGMENT_ID, pa.int32(), nullable=False))
+        return from_arrow_schema(pa.schema(fields))
 
     def _columns(self, arrow: pa.Schema) -> list[str]:
         raw = self.options.get("columns")
@@ -220,5 +237,21 @@ class LanceDataSource(DataSource):
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         from pyspark.sql.pandas.types import to_arrow_schema
 
+        path = self._path()
         max_rows = int(self.options.get("max_rows_per_file", 1024 * 1024))
-        return _LanceWriter(self._path(), to_arrow_schema(schema), overwrite, max_rows)
+        arrow = to_arrow_schema(schema)
+        if not overwrite and _exists(path):
+            arrow = _append_schema(path, arrow)
+        return _LanceWriter(path, arrow, overwrite, max_rows)
+
+
+def _append_schema(path: str, given: pa.Schema) -> pa.Schema:
+    """The schema an append writes: the given columns, typed as the table has them."""
+    table = _dataset(path).schema
+    unknown = [n for n in given.names if n not in table.names]
+    if unknown:
+        raise ValueError(
+            f"lance table {path!r} has no column {unknown[0]!r}; add it first "
+            "(etl.writers.lance_columns.write_columns) or overwrite the table"
+        )
+    return pa.schema([table.field(n) for n in given.names])
