@@ -38,7 +38,9 @@ def test_new_column_for_some_rows_leaves_image_files_byte_identical(spark, tmp_p
     before = _data_files(path)
     table_bytes = sum(p.stat().st_size for p in Path(path, "data").glob("*.lance"))
     wanted = {f"s{i:03d}": f"caption {i}" for i in range(0, 30, 3)}
-    values = spark.createDataFrame(list(wanted.items()) + [("nope", "x")], "sample_id string, cap string")
+    values = spark.createDataFrame(
+        list(wanted.items()) + [("nope", "x")], "sample_id string, cap string"
+    )
 
     res = write_columns(spark, path, values)
 
@@ -56,7 +58,9 @@ def test_new_column_for_some_rows_leaves_image_files_byte_identical(spark, tmp_p
 def test_updating_an_existing_column_keeps_values_of_rows_not_mentioned(spark, tmp_path):
     path = str(tmp_path / "u.lance")
     _table(spark, path)
-    first = spark.createDataFrame([(f"s{i:03d}", "old") for i in range(30)], "sample_id string, cap string")
+    first = spark.createDataFrame(
+        [(f"s{i:03d}", "old") for i in range(30)], "sample_id string, cap string"
+    )
     write_columns(spark, path, first)
     before = _data_files(path)
     # Values routed by the _fragment_id read option (no join on the key).
@@ -79,12 +83,18 @@ def test_updating_an_existing_column_keeps_values_of_rows_not_mentioned(spark, t
 def test_append_without_added_columns_reads_null_and_unknown_columns_are_refused(spark, tmp_path):
     path = str(tmp_path / "a.lance")
     _table(spark, path, n=6, parts=2)
-    write_columns(spark, path, spark.createDataFrame([("s000", 1.5)], "sample_id string, score double"))
+    write_columns(
+        spark, path, spark.createDataFrame([("s000", 1.5)], "sample_id string, score double")
+    )
     more = spark.createDataFrame([("n1", b"x", 7)], "sample_id string, image binary, width long")
     more.write.format("lance").mode("append").save(path)  # width long -> table's int
     ds = lance.dataset(path)
     assert ds.schema.field("width").type == pa.int32()
-    assert _column(path, "score") == {**{f"s{i:03d}": None for i in range(6)}, "s000": 1.5, "n1": None}
+    assert _column(path, "score") == {
+        **{f"s{i:03d}": None for i in range(6)},
+        "s000": 1.5,
+        "n1": None,
+    }
     extra = spark.createDataFrame([("n2", 3)], "sample_id string, brand_new int")
     with pytest.raises(Exception, match="brand_new"):
         extra.write.format("lance").mode("append").save(path)

@@ -56,6 +56,7 @@ __all__ = ["LanceDataSource", "table_version", "FRAGMENT_ID"]
 # which :func:`etl.writers.lance_columns.write_columns` uses to route values home.
 FRAGMENT_ID = "_fragment_id"
 
+
 def _dataset(path: str, version: int | None = None):
     import lance
 
@@ -154,7 +155,7 @@ class _LanceWriter(DataSourceArrowWriter):
         from lance.fragment import FragmentMetadata
 
         for m in messages:
-            for js in (m.fragments_json if m else []):
+            for js in m.fragments_json if m else []:
                 for data_file in FragmentMetadata.from_json(js).files:
                     local = os.path.join(self.path, "data", data_file.path)
                     if os.path.exists(local):

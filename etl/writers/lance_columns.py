@@ -112,9 +112,7 @@ def _fragment_writer(path: str, version: int, key: str, target: pa.Schema):
             before = {f.path for f in frag.metadata.files}
             data = pa.Table.from_batches(groups.pop(fid), schema=target)
             meta, fields = frag.update_columns(data, left_on=key)
-            new_bytes = sum(
-                f.file_size_bytes or 0 for f in meta.files if f.path not in before
-            )
+            new_bytes = sum(f.file_size_bytes or 0 for f in meta.files if f.path not in before)
             out["fragment_json"].append(json.dumps(meta.to_json()))
             out["fields_json"].append(json.dumps(list(fields)))
             out["rows"].append(data.num_rows)
