@@ -1,11 +1,21 @@
-"""Benchmark: lakeshard's MDS exporter vs Mosaic's `dataframe_to_mds`, one run.
+"""Benchmark: lakeshard's MDS export vs Mosaic's `dataframe_to_mds`, same table, one run.
 
-Same cached DataFrame of JPEG rows (caption, ids, sizes), same partitions, same
-`size_limit`, same compression, same 2-core local Spark. Each side timed best of
-ROUNDS. lakeshard passes the JPEG bytes through (`jpeg` column); Mosaic's converter
-gets the binary column as `bytes` (its `jpeg` would decode and re-encode). Run:
+Both sides export the same curated-style Lance table (JPEG bytes, caption, ids, sizes)
+written once at the start: lakeshard through its real export path (`etl.jobs.export`:
+small columns + row addresses through Spark, image bytes taken from Lance inside each
+task, batch-encoded samples); Mosaic's converter through the obvious route, a Spark
+DataFrame read from the same table (`format("lance")`) handed to `dataframe_to_mds`
+with the same partitions, `size_limit` and compression. Mosaic's converter gets the
+image column as `bytes` (its `jpeg` encoding would decode and re-encode).
 
-    .venv/bin/python bench/export_throughput.py [--rows 1500] [--compression none|zstd]
+Peak memory: every 20 ms the benchmark sums the resident memory of Spark's Python
+workers (the processes that run the writers) and reports the highest sum and the
+highest single worker, so "bounded by a small multiple of size_limit" can be checked.
+
+Each side runs ROUNDS times, alternating, best time kept. Run:
+
+    .venv/bin/python bench/export_throughput.py [--rows 2000] [--compression none|zstd]
+        [--size-limit-mb 16]
 """
 
 from __future__ import annotations
@@ -16,18 +26,19 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from importlib import resources
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-ROUNDS = 2
+ROUNDS = 3
 PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "hubble_deep_field.jpg",
           "retina.jpg", "motorcycle_left.png"]
 
 
-def make_rows(n: int) -> list[tuple]:
+def make_rows(n: int) -> list[dict]:
     from PIL import Image
 
     jpegs = []
@@ -37,27 +48,73 @@ def make_rows(n: int) -> list[tuple]:
         buf = io.BytesIO()
         im.save(buf, format="JPEG", quality=92)
         jpegs.append((buf.getvalue(), im.width, im.height))
-    return [
-        (jpegs[i % len(jpegs)][0], f"a caption for sample {i} " * 8, f"{i:08d}", f"src{i % 5}",
-         jpegs[i % len(jpegs)][1], jpegs[i % len(jpegs)][2], 2 * jpegs[i % len(jpegs)][1],
-         2 * jpegs[i % len(jpegs)][2])
-        for i in range(n)
-    ]
+    rows = []
+    for i in range(n):
+        data, w, h = jpegs[i % len(jpegs)]
+        rows.append({
+            "sample_id": f"{i:08d}", "source": f"src{i % 5}", "image": data,
+            "caption_original": f"a caption for sample {i} " * 8, "width": w, "height": h,
+            "original_width": 2 * w, "original_height": 2 * h, "keep": i % 10 != 0,
+        })
+    return rows
+
+
+class PeakRSS:
+    """Samples the summed RSS of Spark's Python worker processes (pyspark daemons)."""
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self.peak_total = 0
+        self.peak_one = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _workers(self):
+        me = self._psutil.Process()
+        for p in me.children(recursive=True):
+            try:
+                if p.name().startswith("python"):  # not the JVM
+                    yield p.memory_info().rss
+            except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
+                continue
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            sizes = list(self._workers())
+            if sizes:
+                self.peak_total = max(self.peak_total, sum(sizes))
+                self.peak_one = max(self.peak_one, max(sizes))
+            time.sleep(0.02)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=1500)
+    parser.add_argument("--rows", type=int, default=2000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--compression", default="none")
+    parser.add_argument("--size-limit-mb", type=int, default=16)
     args = parser.parse_args()
     compression = None if args.compression == "none" else args.compression
+    size_limit = args.size_limit_mb << 20
 
+    import lance
+    import pyarrow as pa
     from streaming.base.converters import dataframe_to_mds
 
     from etl.config import parse_config
+    from etl.jobs.curate import CURATED_TABLE
+    from etl.jobs.export import export
     from etl.session import get_spark
-    from etl.writers.mds import export_mds
 
     work = tempfile.mkdtemp()
     cfg = parse_config({
@@ -65,48 +122,59 @@ def main() -> None:
         "spark": {"master": "local[2]", "jars_dir": str(REPO / ".jars"),
                   "conf": {"spark.ui.enabled": "false"}},
         "sources": [{"name": "b", "kind": "image_folder", "path": work}],
+        "exports": {"bench": {"partitions": args.partitions, "size_limit": size_limit,
+                              "compression": compression, "where": None}},
     })
     spark = get_spark(cfg)
     spark.sparkContext.setLogLevel("ERROR")
-    schema = ("image binary, caption string, sample_id string, source string, width int, "
-              "height int, original_width int, original_height int")
     rows = make_rows(args.rows)
-    mb = sum(len(r[0]) for r in rows) / 1e6
-    df = spark.createDataFrame(rows, schema).repartition(args.partitions, "sample_id").cache()
-    df.count()
-    size_limit = 128 << 20
+    table_path = cfg.storage.lance_table(CURATED_TABLE)
+    lance.write_dataset(pa.Table.from_pylist(rows), table_path, max_rows_per_file=512)
+    mb = sum(len(r["image"]) for r in rows) / 1e6
 
     def ours() -> None:
-        out = os.path.join(work, "ours")
-        shutil.rmtree(out, ignore_errors=True)
-        export_mds(df, out, partitions=args.partitions, size_limit=size_limit,
-                   compression=compression, hashes=())
+        shutil.rmtree(cfg.storage.export_dir("bench"), ignore_errors=True)
+        export(spark, cfg, "bench")
 
     def theirs() -> None:
         out = os.path.join(work, "theirs")
         shutil.rmtree(out, ignore_errors=True)
+        df = (
+            spark.read.format("lance").load(table_path)
+            .selectExpr("image", "caption_original as caption", "sample_id", "source",
+                        "width", "height", "original_width", "original_height")
+            .repartition(args.partitions)
+        )
         columns = {"image": "bytes", "caption": "str", "sample_id": "str", "source": "str",
                    "width": "int32", "height": "int32", "original_width": "int32",
                    "original_height": "int32"}
         dataframe_to_mds(df, merge_index=True, mds_kwargs={
-            "out": out, "columns": columns, "size_limit": size_limit, "compression": compression})
+            "out": out, "columns": columns, "size_limit": size_limit,
+            "compression": compression})
 
-    times = {}
-    for name, fn in (("lakeshard export_mds", ours), ("streaming dataframe_to_mds", theirs)):
-        best = float("inf")
-        for _ in range(ROUNDS):
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-        times[name] = best
+    sides = {"lakeshard export": ours, "streaming dataframe_to_mds": theirs}
+    times = {name: float("inf") for name in sides}
+    peaks = {name: (0, 0) for name in sides}
+    for _ in range(ROUNDS):
+        for name, fn in sides.items():
+            with PeakRSS() as mem:
+                t0 = time.perf_counter()
+                fn()
+                elapsed = time.perf_counter() - t0
+            times[name] = min(times[name], elapsed)
+            peaks[name] = (max(peaks[name][0], mem.peak_total), max(peaks[name][1], mem.peak_one))
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
-    print(f"{args.rows} rows, {mb:.0f} MB of JPEG, {args.partitions} partitions, "
-          f"compression={compression}, size_limit=128 MiB, local[2], best of {ROUNDS}")
-    print(f"{'':<28}{'rows/s':>10}{'MB/s':>8}")
+    print(f"{args.rows} rows, {mb:.0f} MB of JPEG in a Lance table, {args.partitions} "
+          f"partitions, compression={compression}, size_limit={args.size_limit_mb} MiB, "
+          f"local[2], best of {ROUNDS} (alternating)")
+    print(f"{'':<28}{'rows/s':>9}{'MB/s':>8}{'peak RSS workers':>18}{'peak one':>10}"
+          f"{'one/size_limit':>16}")
     for name, t in times.items():
-        print(f"{name:<28}{args.rows / t:>10.0f}{mb / t:>8.1f}")
-    ratio = times["streaming dataframe_to_mds"] / times["lakeshard export_mds"]
+        total, one = peaks[name]
+        print(f"{name:<28}{args.rows / t:>9.0f}{mb / t:>8.1f}{total / 2**20:>15.0f} MiB"
+              f"{one / 2**20:>6.0f} MiB{one / size_limit:>16.1f}")
+    ratio = times["streaming dataframe_to_mds"] / times["lakeshard export"]
     print(f"throughput ratio lakeshard/dataframe_to_mds = {ratio:.2f} (target >= 2)")
 
 

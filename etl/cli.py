@@ -96,8 +96,10 @@ def _cmd_verify_export(args) -> int:
 
     cfg = _load(args)
     cfg.export(args.name)
-    path = cfg.storage.export_dir(args.name)
-    if not os.path.isdir(path):
+    path = cfg.export_path(args.name)
+    from etl.writers.remote import is_remote
+
+    if not is_remote(path) and not os.path.isdir(path):
         raise FileNotFoundError(f"no export at {path}: run `lakeshard export --name {args.name}`")
     report = verify_export(path)
     print(

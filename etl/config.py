@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from etl.buckets import BucketSpec
+
 __all__ = [
     "ConfigError",
     "Config",
@@ -123,6 +125,11 @@ class ExportConfig:
     columns: tuple[str, ...] = ()
     # Seed of the order inside each partition; same table version + seed = same bytes.
     seed: int = 0
+    # Aspect-ratio buckets (etl.buckets.BucketSpec): one sub-folder + index per bucket.
+    buckets: BucketSpec | None = None
+    # Where the export goes: default <root>/mds/<name>; s3://bucket/prefix for an object
+    # store (shards are uploaded as they are written; nothing piles up on local disks).
+    path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +158,10 @@ class Config:
             if src.name == name:
                 return src
         raise ConfigError(f"sources: no source named {name!r}")
+
+    def export_path(self, name: str) -> str:
+        """Where export `name` is written: its `path`, or <root>/mds/<name>."""
+        return self.export(name).path or self.storage.export_dir(name)
 
     def export(self, name: str) -> ExportConfig:
         for exp in self.exports:
@@ -194,6 +205,12 @@ def _int(raw: Any, where: str, lo: int, hi: int | None = None) -> int:
         bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
         raise ConfigError(f"{where}: must be {bound}, got {raw}")
     return raw
+
+
+def _float(raw: Any, where: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise ConfigError(f"{where}: expected a number, got {raw!r}")
+    return float(raw)
 
 
 def _bool(raw: Any, where: str) -> bool:
@@ -288,6 +305,37 @@ _COMPRESSIONS = {None, "zstd", "gz", "bz2", "br", "snappy", "zstd:7", "zstd:3", 
 _HASHES = {"sha1", "md5", "xxh64", "xxh3_64", "xxh128", "sha256"}
 
 
+def _export_path(raw: Any, where: str) -> str | None:
+    if raw is None:
+        return None
+    from etl.writers.remote import check_remote, is_remote
+
+    path = _str(raw, where)
+    if is_remote(path):
+        check_remote(path, where)
+        return path.rstrip("/")
+    return str(Path(path.removeprefix("file://")).expanduser().absolute())
+
+
+def _parse_buckets(raw: Any, where: str) -> BucketSpec | None:
+    if raw in (None, False):
+        return None
+    if raw is True:
+        raw = {}
+    raw = _check_keys(raw, where, _fields(BucketSpec))
+    d = BucketSpec()
+    base = _int(raw.get("base_resolution", d.base_resolution), f"{where}.base_resolution", 64)
+    patch = _int(raw.get("patch_size", d.patch_size), f"{where}.patch_size", 1)
+    if base % patch:
+        raise ConfigError(f"{where}.patch_size: {patch} does not divide base_resolution {base}")
+    lo, hi = (
+        _float(raw.get(k, getattr(d, k)), f"{where}.{k}") for k in ("min_aspect", "max_aspect")
+    )
+    if not 0 < lo <= 1 <= hi:
+        raise ConfigError(f"{where}: need 0 < min_aspect <= 1 <= max_aspect, got {lo}, {hi}")
+    return BucketSpec(base, patch, lo, hi, _bool(raw.get("resize", d.resize), f"{where}.resize"))
+
+
 def _parse_exports(raw: Any) -> tuple[ExportConfig, ...]:
     if not isinstance(raw, dict):
         raise ConfigError("exports: expected a mapping of export name to settings")
@@ -322,6 +370,8 @@ def _parse_exports(raw: Any) -> tuple[ExportConfig, ...]:
                 captions=_str_map(body.get("captions", d.captions) or {}, f"{where}.captions"),
                 columns=tuple(_str(c, f"{where}.columns") for c in body.get("columns") or ()),
                 seed=_int(body.get("seed", d.seed), f"{where}.seed", 0),
+                buckets=_parse_buckets(body.get("buckets"), f"{where}.buckets"),
+                path=_export_path(body.get("path"), f"{where}.path"),
             )
         )
     return tuple(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 
 import pytest
 from conftest import jpeg_bytes
@@ -167,3 +168,39 @@ def test_verify_export_passes_and_catches_a_corrupt_shard(spark, tmp_path):
     problems = verify_export(out, loader_workers=0, loader_samples=4).problems
     assert any("xxh64 hash mismatch" in p for p in problems)
     assert any("checksum" in p for p in problems)
+
+
+def test_batch_encoder_matches_mdswriter_byte_for_byte():
+    """encode_batch must produce exactly what streaming's own MDSWriter.encode_sample
+    produces (jpeg aside, which the stock writer re-encodes from a PIL image)."""
+    import pyarrow as pa
+    from streaming import MDSWriter
+
+    from etl.writers.mds import encode_batch
+
+    columns = {"sample_id": "str", "blob": "bytes", "w": "int32", "score": "float64",
+               "n": "int64", "caption": "str"}
+    table = pa.table({
+        "sample_id": ["a", "bb", "ccc"],
+        "blob": [b"", b"\x00\x01", b"xyz" * 50],
+        "w": pa.array([1, -2, 300], pa.int32()),
+        "score": [0.5, -1.25, 3.0],
+        "n": pa.array([2**40, 0, -7], pa.int64()),
+        "caption": ["", "ünïcode ✓", "plain"],
+    })
+    batch = table.slice(1, 2).to_batches()[0]  # a sliced batch: non-zero array offsets
+    rows = table.slice(1, 2).to_pylist()
+    with MDSWriter(out=tempfile.mkdtemp(), columns=columns) as stock:
+        expected = [stock.encode_sample(r) for r in rows]
+    assert encode_batch(batch, columns) == expected
+
+
+def test_batch_encoder_rejects_nulls_and_non_jpeg_bytes():
+    import pyarrow as pa
+
+    from etl.writers.mds import encode_batch
+
+    with pytest.raises(ValueError, match="'caption'"):
+        encode_batch(pa.record_batch({"caption": ["a", None]}), {"caption": "str"})
+    with pytest.raises(ValueError, match="not a JPEG"):
+        encode_batch(pa.record_batch({"image": [b"\x89PNG"]}), {"image": "jpeg"})

@@ -7,7 +7,8 @@ from pyspark.sql import functions as F
 
 from etl.config import Config, ConfigError, ExportConfig
 from etl.jobs.curate import CURATED_TABLE
-from etl.writers.mds import FIXED_COLUMNS, ExportResult, export_mds, mds_encoding
+from etl.writers.lance import ROW_ADDRESS
+from etl.writers.mds import FIXED_COLUMNS, BlobSource, ExportResult, export_mds, mds_encoding
 
 __all__ = ["export", "export_columns"]
 
@@ -50,16 +51,22 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     except (ValueError, OSError) as exc:  # a predicate Lance can't parse
         raise ConfigError(f"exports.{name}.where: {exp.where!r}: {exc}") from None
 
+    # Image bytes don't travel through Spark: rows carry their Lance row address and
+    # each export task takes the bytes from the pinned table version (BlobSource).
+    small = sorted({src for out, src in mapping.items() if out != "image"})
     reader = (
         spark.read.format("lance")
         .option("version", str(table.version))
-        .option("columns", ",".join(sorted(set(mapping.values()))))
+        .option("columns", ",".join(small))
+        .option("row_address", "true")
     )
     if exp.where:
         reader = reader.option("filter", exp.where)
     curated = reader.load(curated_path)
-    selected = []
+    selected = [F.col(ROW_ADDRESS)]
     for out, src in mapping.items():
+        if out == "image":
+            continue
         col = F.col(src)
         if out in exp.captions:
             # A sample without this caption trains as unconditional: "", not null.
@@ -69,17 +76,20 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         selected.append(col.alias(out))
     rows = curated.select(*selected)
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
-        if f.name != "image":
+        if f.name != ROW_ADDRESS:
             mds_encoding(f.dataType, f.name)
 
     result = export_mds(
         rows,
-        cfg.storage.export_dir(name),
+        cfg.export_path(name),
         partitions=exp.partitions,
         size_limit=exp.size_limit,
         compression=exp.compression,
         hashes=exp.hashes,
         seed=exp.seed,
+        blobs=BlobSource(curated_path, table.version, {"image": mapping["image"]}),
+        buckets=exp.buckets,
+        jpeg_quality=cfg.prepare.jpeg_quality,
         manifest={
             "name": name, "table": curated_path, "table_version": table.version,
             "where": exp.where, "sources": dict(mapping),

@@ -11,9 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 
-from etl.writers.mds import PART_META, part_checksum
+from etl.writers.mds import PART_META, combine_digests
 
 __all__ = ["VerifyReport", "verify_export"]
 
@@ -36,56 +37,107 @@ def _identity(batch):
     return batch
 
 
+_PART_RE = re.compile(r"^part-(\d{5})(-t\d+)?$")
+
+
+def partition_checksums(path: str, splits: list[str]) -> dict[int, str]:
+    """Recompute each partition's checksum from the files on disk, wherever the layout
+    put them (``part-N/``, ``<bucket>/part-N/``, ``[<bucket>/]<key>/part-N-tA/``)."""
+    digests: dict[int, dict[str, str]] = {}
+    for dirpath, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), path).split(os.sep)
+            hit = [i for i, c in enumerate(rel[:-1]) if _PART_RE.match(c)]
+            if not hit or name == PART_META:
+                continue
+            i = hit[0]
+            sub = rel[0] if rel[0] in splits and rel[0] else ""
+            key = "/".join(p for p in [sub, *rel[i + 1:]] if p)
+            digest = hashlib.sha256()
+            with open(os.path.join(path, *rel), "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            pid = int(_PART_RE.match(rel[i]).group(1))
+            digests.setdefault(pid, {})[key] = digest.hexdigest()
+    return {pid: combine_digests(d) for pid, d in digests.items()}
+
+
 def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 64) -> VerifyReport:
+    """Verify the export at `path`; an ``s3://`` export is downloaded to a temporary
+    folder first (verification reads every byte anyway)."""
+    from etl.writers.remote import is_remote
+
+    if not is_remote(path):
+        return _verify_local(path, path, loader_workers, loader_samples)
+    import tempfile
+
+    from etl.writers.remote import S3Store
+
+    store = S3Store(path)
+    with tempfile.TemporaryDirectory(prefix="lakeshard-verify-") as local:
+        for rel in store.list():
+            if rel.startswith("_lakeshard/"):
+                continue
+            os.makedirs(os.path.dirname(os.path.join(local, rel)), exist_ok=True)
+            store.client.download_file(store.bucket, store._key(rel), os.path.join(local, rel))
+        return _verify_local(local, path, loader_workers, loader_samples)
+
+
+def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: int):
     from streaming import StreamingDataset
     from streaming.base.hashing import get_hash
     from streaming.base.util import clean_stale_shared_memory
 
-    report = VerifyReport(path)
+    report = VerifyReport(shown)
     try:
         with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
             manifest = json.load(f)
-        with open(os.path.join(path, "index.json"), encoding="utf-8") as f:
-            index = json.load(f)
-    except (OSError, ValueError) as exc:
+        splits = sorted(manifest.get("bucket_samples") or {"": manifest["samples"]})
+        indexes = {}
+        for split in splits:
+            with open(os.path.join(path, split, "index.json"), encoding="utf-8") as f:
+                indexes[split] = json.load(f)
+    except (OSError, ValueError, KeyError) as exc:
         report.problems.append(f"cannot read manifest/index: {exc}")
         return report
 
-    report.shards = len(index["shards"])
-    report.samples = sum(s["samples"] for s in index["shards"])
+    for split, index in indexes.items():
+        report.shards += len(index["shards"])
+        n = sum(s["samples"] for s in index["shards"])
+        report.samples += n
+        if split and n != manifest["bucket_samples"][split]:
+            want = manifest["bucket_samples"][split]
+            report.problems.append(f"bucket {split}: index has {n} samples, manifest {want}")
+        for shard in index["shards"]:
+            for key in ("raw_data", "zip_data"):
+                info = shard.get(key)
+                if not info:
+                    continue
+                try:
+                    data = open(os.path.join(path, split, info["basename"]), "rb").read()
+                except OSError:
+                    report.problems.append(f"missing shard file {split}/{info['basename']}")
+                    continue
+                if len(data) != info["bytes"]:
+                    report.problems.append(
+                        f"{info['basename']}: {len(data)} bytes, index says {info['bytes']}"
+                    )
+                for algo, expected in (info.get("hashes") or {}).items():
+                    if get_hash(algo, data) != expected:
+                        report.problems.append(f"{info['basename']}: {algo} hash mismatch")
     if report.samples != manifest["samples"]:
         report.problems.append(
-            f"index has {report.samples} samples, manifest {manifest['samples']}"
+            f"indexes have {report.samples} samples, manifest {manifest['samples']}"
         )
-    for shard in index["shards"]:
-        for key in ("raw_data", "zip_data"):
-            info = shard.get(key)
-            if not info:
-                continue
-            file = os.path.join(path, info["basename"])
-            try:
-                data = open(file, "rb").read()
-            except OSError:
-                report.problems.append(f"missing shard file {info['basename']}")
-                continue
-            if len(data) != info["bytes"]:
-                report.problems.append(
-                    f"{info['basename']}: {len(data)} bytes, index says {info['bytes']}"
-                )
-            for algo, expected in (info.get("hashes") or {}).items():
-                if get_hash(algo, data) != expected:
-                    report.problems.append(f"{info['basename']}: {algo} hash mismatch")
 
-    parts = sorted(d for d in os.listdir(path) if d.startswith("part-"))
-    part_sums = [part_checksum(os.path.join(path, p)) for p in parts]
+    found = partition_checksums(path, splits)
+    part_sums = [found.get(pid, "") for pid in range(manifest.get("partitions", len(found)))]
     if part_sums != manifest.get("part_checksums"):
         report.problems.append("partition checksums differ from the manifest")
     checksum = hashlib.sha256("".join(part_sums).encode()).hexdigest()
     if checksum != manifest.get("checksum"):
         report.problems.append("export checksum differs from the manifest")
-    for p in parts:
-        if not os.path.exists(os.path.join(path, p, PART_META)):
-            report.problems.append(f"{p}: no {PART_META}")
 
     table = manifest.get("table")
     if table:
@@ -102,23 +154,28 @@ def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 6
         except (ValueError, OSError) as exc:
             report.problems.append(f"cannot read table {table}: {exc}")
 
-    clean_stale_shared_memory()
-    dataset = StreamingDataset(local=path, shuffle=False, batch_size=1)
-    for i in range(len(dataset)):
-        try:
-            image = dataset[i]["image"]
-            image.load()
-            if image.format != "JPEG":
-                raise ValueError(f"format {image.format}")
-            report.images_decoded += 1
-        except Exception as exc:  # noqa: BLE001 -- every failure is reported, not raised
-            report.problems.append(f"sample {i}: image does not decode: {exc}")
-    del dataset
+    for split in splits:
+        clean_stale_shared_memory()
+        dataset = StreamingDataset(local=path, split=split or None, shuffle=False, batch_size=1)
+        for i in range(len(dataset)):
+            try:
+                image = dataset[i]["image"]
+                image.load()
+                if image.format != "JPEG":
+                    raise ValueError(f"format {image.format}")
+                report.images_decoded += 1
+            except Exception as exc:  # noqa: BLE001 -- every failure is reported, not raised
+                report.problems.append(f"{split or 'sample'} {i}: image does not decode: {exc}")
+        del dataset
 
     import torch.utils.data
 
+    # The largest split through a shuffled, multi-worker DataLoader, as training reads it.
+    biggest = max(splits, key=lambda sp: sum(s["samples"] for s in indexes[sp]["shards"]))
     clean_stale_shared_memory()
-    shuffled = StreamingDataset(local=path, shuffle=True, shuffle_seed=1, batch_size=8)
+    shuffled = StreamingDataset(
+        local=path, split=biggest or None, shuffle=True, shuffle_seed=1, batch_size=8
+    )
     loader = torch.utils.data.DataLoader(
         shuffled, batch_size=8, num_workers=loader_workers, collate_fn=_identity,
         # pylance (imported above) is not fork-safe: start workers fresh, as training does.
@@ -128,7 +185,7 @@ def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 6
         report.loader_samples += len(batch)
         if report.loader_samples >= loader_samples:
             break
-    expected = min(loader_samples, report.samples)
+    expected = min(loader_samples, sum(s["samples"] for s in indexes[biggest]["shards"]))
     if report.loader_samples < expected:
         report.problems.append(
             f"DataLoader read {report.loader_samples} samples, expected at least {expected}"

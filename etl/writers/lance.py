@@ -26,6 +26,7 @@ Usage::
     spark.read.format("lance").option("filter", "width >= 512").load(path)
     spark.read.format("lance").option("version", "3").load(path)   # time travel
     spark.read.format("lance").option("fragment_id", "true").load(path)  # + _fragment_id
+    spark.read.format("lance").option("row_address", "true").load(path)  # + _rowaddr
 
 Appends may carry a subset of the table's columns: columns the table has and the
 DataFrame lacks (caption versions, features added later with
@@ -50,11 +51,14 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-__all__ = ["LanceDataSource", "table_version", "FRAGMENT_ID"]
+__all__ = ["LanceDataSource", "table_version", "FRAGMENT_ID", "ROW_ADDRESS"]
 
 # Read option ``fragment_id``: adds this int column (the Lance fragment each row lives in),
 # which :func:`etl.writers.lance_columns.write_columns` uses to route values home.
 FRAGMENT_ID = "_fragment_id"
+# Read option ``row_address``: adds this bigint column (Lance's row address, fragment id
+# << 32 | offset), valid for the version read; ``LanceDataset._take_rows`` takes it back.
+ROW_ADDRESS = "_rowaddr"
 
 
 def _dataset(path: str, version: int | None = None):
@@ -76,7 +80,8 @@ class _LanceReader(DataSourceReader):
         self.path = path
         self.version = version
         self.with_fragment_id = FRAGMENT_ID in columns
-        self.columns = [c for c in columns if c != FRAGMENT_ID]
+        self.with_row_address = ROW_ADDRESS in columns
+        self.columns = [c for c in columns if c not in (FRAGMENT_ID, ROW_ADDRESS)]
         self.predicate = predicate
 
     def partitions(self) -> list[InputPartition]:
@@ -91,8 +96,15 @@ class _LanceReader(DataSourceReader):
         for fid in partition.value:
             frag = ds.get_fragment(fid)
             for batch in frag.to_batches(
-                columns=self.columns, filter=self.predicate, batch_size=1024
+                columns=self.columns,
+                filter=self.predicate,
+                batch_size=1024,
+                with_row_address=self.with_row_address,
             ):
+                if self.with_row_address:
+                    i = batch.schema.get_field_index(ROW_ADDRESS)
+                    addr = batch.column(i).cast(pa.int64())
+                    batch = batch.set_column(i, ROW_ADDRESS, addr)
                 if self.with_fragment_id:
                     ids = pa.array([fid] * batch.num_rows, pa.int32())
                     batch = batch.append_column(FRAGMENT_ID, ids)
@@ -211,6 +223,9 @@ class LanceDataSource(DataSource):
 
         arrow = _dataset(self._path(), self._version()).schema
         fields = [arrow.field(c) for c in self._columns(arrow)]
+        # Same order as read() yields them: Lance appends _rowaddr, then _fragment_id.
+        if self.options.get("row_address", "").lower() == "true":
+            fields.append(pa.field(ROW_ADDRESS, pa.int64(), nullable=False))
         if self.options.get("fragment_id", "").lower() == "true":
             fields.append(pa.field(FRAGMENT_ID, pa.int32(), nullable=False))
         return from_arrow_schema(pa.schema(fields))
