@@ -116,8 +116,11 @@ def _cmd_caption(args) -> int:
     from etl.session import get_spark
 
     cfg = _load(args)
-    plan_caption(cfg, args.version, force=args.force)  # config, model, table: before Spark
-    result = caption(get_spark(cfg), cfg, args.version, force=args.force, limit=args.limit)
+    # Config, model, table and the rows to do are checked before Spark starts; with
+    # nothing to do, Spark never starts.
+    plan = plan_caption(cfg, args.version, force=args.force)
+    spark = get_spark(cfg) if plan.todo else None
+    result = caption(spark, cfg, args.version, force=args.force, limit=args.limit)
     print(format_caption(result))
     return 0
 

@@ -30,7 +30,7 @@ import os
 import re
 import socket
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import pandas as pd
 from pyspark.sql import types as T
@@ -130,8 +130,12 @@ class CaptionSpec:
         return json.dumps(self.generation_params(), sort_keys=True)
 
     def cache_key(self, device: str) -> str:
-        fields = {k: v for k, v in asdict(self).items() if k != "batch_size"}
-        return json.dumps({**fields, "device": device}, sort_keys=True)
+        """What the loaded model depends on: versions differing only in prompt or
+        generation settings share one loaded model per worker."""
+        keys = ["model", "backend", "dtype", "trust_remote_code", "local_files_only"]
+        if self.backend == "vllm":  # vLLM bakes the image size range into the engine
+            keys += ["min_pixels", "max_pixels"]
+        return json.dumps({**{k: getattr(self, k) for k in keys}, "device": device})
 
 
 @dataclass(frozen=True)
@@ -243,15 +247,18 @@ def _task_device(device: str) -> str:
 
 
 class Captioner:
-    """A loaded model; :meth:`generate` captions a batch of PIL images."""
+    """A loaded model; :meth:`generate` captions a batch of PIL images for a spec."""
 
     def __init__(self, spec: CaptionSpec, device: str):
-        self.spec = spec
         self.device = device
-        # Lowered for good after a CUDA out-of-memory error, for the rest of the worker.
-        self.batch_size = spec.batch_size
+        # Set after a CUDA out-of-memory error: the batch size that still fits, for the
+        # rest of this worker's life.
+        self.batch_limit: int | None = None
 
-    def generate(self, images: list) -> list[Generated]:  # pragma: no cover - abstract
+    def batch_size(self, spec: CaptionSpec) -> int:
+        return min(spec.batch_size, self.batch_limit or spec.batch_size)
+
+    def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:  # pragma: no cover
         raise NotImplementedError
 
     def release_memory(self) -> None:
@@ -305,32 +312,35 @@ class TransformersCaptioner(Captioner):
         self.model = AutoModelForImageTextToText.from_pretrained(
             spec.model, dtype=_torch_dtype(spec, device), **kw
         ).to(device).eval()
-        self._pixel_kwargs = {}
         ip = getattr(self.processor, "image_processor", None)
-        if ip is not None and hasattr(ip, "min_pixels"):
-            self._pixel_kwargs = {"min_pixels": spec.min_pixels, "max_pixels": spec.max_pixels}
+        self._takes_pixels = ip is not None and hasattr(ip, "min_pixels")
         eos = self.model.generation_config.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tok is not None and tok.eos_token_id is not None:
             self._eos.add(tok.eos_token_id)
 
-    def _prompt(self) -> str:
-        if self.spec.prompt_format == "plain":
-            return self.spec.prompt
+    def _pixel_kwargs(self, spec: CaptionSpec) -> dict:
+        # Qwen-style processors resize to a pixel range themselves: give them ours.
+        if not self._takes_pixels:
+            return {}
+        return {"min_pixels": spec.min_pixels, "max_pixels": spec.max_pixels}
+
+    def _prompt(self, spec: CaptionSpec) -> str:
+        if spec.prompt_format == "plain":
+            return spec.prompt
         messages = [{"role": "user", "content": [
-            {"type": "image"}, {"type": "text", "text": self.spec.prompt}]}]
+            {"type": "image"}, {"type": "text", "text": spec.prompt}]}]
         return self.processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
         )
 
-    def generate(self, images: list) -> list[Generated]:
+    def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:
         import torch
 
-        s = self.spec
-        prompt = self._prompt()
+        s = spec
         inputs = self.processor(
-            text=[prompt] * len(images), images=images, padding=True, return_tensors="pt",
-            **self._pixel_kwargs,
+            text=[self._prompt(s)] * len(images), images=images, padding=True,
+            return_tensors="pt", **self._pixel_kwargs(s),
         ).to(self.device)
         if "pixel_values" in inputs and inputs["pixel_values"].is_floating_point():
             inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
@@ -393,10 +403,10 @@ class VLLMCaptioner(Captioner):
             trust_remote_code=spec.trust_remote_code,
         )
 
-    def generate(self, images: list) -> list[Generated]:
+    def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:
         from vllm import SamplingParams
 
-        s = self.spec
+        s = spec
         if s.prompt_format == "plain":
             prompt = s.prompt
         else:
@@ -460,8 +470,9 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
-def _generate_rows(cap: Captioner, images: list) -> list[Generated | BaseException]:
-    """Generate for `images` in batches of ``cap.batch_size``; never raises for a row.
+def _generate_rows(cap: Captioner, images: list, spec: CaptionSpec
+                   ) -> list[Generated | BaseException]:
+    """Generate for `images` in batches of ``spec.batch_size``; never raises for a row.
 
     Out of memory: halve the batch (for good, in this worker) and retry; at batch size
     1 the row fails. Any other error: retry the batch row by row to isolate the bad one.
@@ -469,18 +480,19 @@ def _generate_rows(cap: Captioner, images: list) -> list[Generated | BaseExcepti
     results: list[Generated | BaseException] = []
     i = 0
     while i < len(images):
-        chunk = images[i : i + cap.batch_size]
+        size = cap.batch_size(spec)
+        chunk = images[i : i + size]
         try:
-            results.extend(cap.generate(chunk))
+            results.extend(cap.generate(chunk, spec))
             i += len(chunk)
             continue
         except Exception as exc:  # noqa: BLE001 - becomes the row's status
             if _is_oom(exc):
                 cap.release_memory()
-                if cap.batch_size > 1:
-                    cap.batch_size = max(1, cap.batch_size // 2)
+                if size > 1:
+                    cap.batch_limit = max(1, size // 2)
                     log.warning("CUDA out of memory: caption batch size now %d",
-                                cap.batch_size)
+                                cap.batch_limit)
                     continue
                 results.append(exc)
                 i += 1
@@ -491,7 +503,7 @@ def _generate_rows(cap: Captioner, images: list) -> list[Generated | BaseExcepti
                 continue
         for img in chunk:  # isolate the failing row(s)
             try:
-                results.extend(cap.generate([img]))
+                results.extend(cap.generate([img], spec))
             except Exception as exc:  # noqa: BLE001
                 if _is_oom(exc):
                     cap.release_memory()
@@ -519,7 +531,7 @@ def caption_images(spec: CaptionSpec, images: pd.Series, cap: Captioner | None =
             out["status"][i], out["error"][i] = "bad_image", str(exc)
     if decoded:
         cap = cap or get_captioner(spec)
-        for i, res in zip(where, _generate_rows(cap, decoded), strict=True):
+        for i, res in zip(where, _generate_rows(cap, decoded, spec), strict=True):
             if isinstance(res, BaseException):
                 out["error"][i] = ("cuda_oom: " if _is_oom(res) else "") + _short(res)
                 continue

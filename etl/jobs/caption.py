@@ -187,10 +187,11 @@ class CaptionResult:
 
 
 def caption(
-    spark: SparkSession, cfg: Config, name: str | None = None, *,
+    spark: SparkSession | None, cfg: Config, name: str | None = None, *,
     force: bool = False, limit: int | None = None,
 ) -> CaptionResult:
-    """Caption the rows of the curated table that lack version `name`; one table version."""
+    """Caption the rows of the curated table that lack version `name`; one table version
+    (two when the columns are new). `spark` may be None when there is nothing to do."""
     t0 = time.perf_counter()
     plan = plan_caption(cfg, name, force=force)
     v, spec = plan.version, plan.spec
@@ -205,6 +206,8 @@ def caption(
         return CaptionResult(**base, version_after=plan.table_version, captioned=0,
                              seconds=time.perf_counter() - t0)
 
+    if spark is None:
+        raise ValueError("caption: a SparkSession is needed, there are rows to caption")
     sc = spark.sparkContext
     sc.setJobDescription(f"lakeshard caption {v.name}")
     reader = (
