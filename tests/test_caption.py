@@ -35,7 +35,7 @@ from udfs.caption import (  # noqa: E402
     load_image,
 )
 
-PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "motorcycle_left")
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "immunohistochemistry")
 
 
 def _photo_jpeg(name: str, side: int = 96) -> bytes:
