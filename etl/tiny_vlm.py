@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-__all__ = ["TINY_MODEL", "ensure_tiny_vlm", "build_tiny_vlm", "tiny_config"]
+__all__ = ["TINY_MODEL", "ensure_tiny_vlm", "build_tiny_vlm", "build_random_vlm", "tiny_config"]
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,16 @@ def tiny_config(vocab_size: int, ids: dict[str, int]) -> dict:
 
 def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0, max_pixels: int = 56 * 56 * 4) -> Path:
     """Train the tokenizer, initialise the model with `seed`, save both to `out_dir`."""
+    return build_random_vlm(out_dir, tiny_config, seed=seed, max_pixels=max_pixels)
+
+
+def build_random_vlm(out_dir: str | Path, make_config, *, seed: int = 0,
+                     max_pixels: int = 56 * 56 * 4, dtype: str = "float32",
+                     device: str = "cpu") -> Path:
+    """A randomly initialised Qwen2.5-VL checkpoint with this module's tokenizer.
+
+    ``make_config(vocab_size, special_token_ids)`` returns the config dict; the vocabulary
+    may be larger than the tokenizer's (a real model's size, for realistic compute)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     import torch
@@ -136,9 +146,12 @@ def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0, max_pixels: int = 56 *
         chat_template=_CHAT_TEMPLATE,
     )
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _SPECIAL}
-    config = Qwen2_5_VLConfig(**tiny_config(len(tokenizer), ids))
+    config = Qwen2_5_VLConfig(**make_config(len(tokenizer), ids))
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(config).eval()
+    with torch.device(device):
+        model = Qwen2_5_VLForConditionalGeneration._from_config(
+            config, dtype=getattr(torch, dtype)
+        ).eval()
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"],
         eos_token_id=[ids["<|im_end|>"], ids["<|endoftext|>"]],
@@ -158,7 +171,7 @@ def build_tiny_vlm(out_dir: str | Path, *, seed: int = 0, max_pixels: int = 56 *
     processor.save_pretrained(tmp)
     params = sum(p.numel() for p in model.parameters())
     (tmp / "LAKESHARD_SMOKE_TEST_MODEL.json").write_text(
-        json.dumps({"what": "randomly initialised tiny Qwen2.5-VL; captions are noise",
+        json.dumps({"what": "randomly initialised Qwen2.5-VL; captions are noise",
                     "parameters": params, "seed": seed}),
         encoding="utf-8",
     )
