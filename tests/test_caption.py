@@ -371,3 +371,17 @@ def test_cli_caption_no_op_and_errors_without_spark(tmp_path, tiny_model, spark)
     assert ok.returncode == 0, ok.stderr
     assert "rows to caption   : 0 of 6" in ok.stdout and "nothing to do" in ok.stdout
     assert "SparkContext" not in ok.stderr and lance.dataset(path).version == version
+
+
+def test_cluster_templates_schedule_gpus_from_config():
+    from etl.config import load_config
+
+    for name in ("databricks.yaml", "emr.yaml"):
+        cfg = load_config(REPO / "conf" / name)
+        conf = cfg.spark.conf
+        gpus, per_task = (float(conf["spark.executor.resource.gpu.amount"]),
+                          float(conf["spark.task.resource.gpu.amount"]))
+        assert gpus >= 1 and 0 < per_task <= 1, name
+        assert conf["spark.executor.resource.gpu.discoveryScript"].endswith(".sh"), name
+        v = cfg.caption.version(None)
+        assert (v.device, v.dtype) == ("cuda", "bfloat16"), name
