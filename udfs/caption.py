@@ -352,7 +352,10 @@ class TransformersCaptioner(Captioner):
             gen["repetition_penalty"] = s.repetition_penalty
         with torch.inference_mode():
             out = self.model.generate(**inputs, **gen)
-        new = out[:, inputs["input_ids"].shape[1]:].cpu()
+        if getattr(self.model.config, "is_encoder_decoder", False):
+            new = out[:, 1:].cpu()  # Florence-2 style: only the decoder start precedes
+        else:
+            new = out[:, inputs["input_ids"].shape[1]:].cpu()  # after the left-padded prompt
         pad = getattr(self.processor.tokenizer, "pad_token_id", None)
         results = []
         for row in new.tolist():
