@@ -112,7 +112,7 @@ def _cmd_verify_export(args) -> int:
 
 
 def _cmd_caption(args) -> int:
-    from etl.jobs.caption import caption, format_caption, plan_caption
+    from etl.jobs.caption import caption, format_caption, plan_caption, write_caption_report
     from etl.session import get_spark
 
     cfg = _load(args)
@@ -122,6 +122,9 @@ def _cmd_caption(args) -> int:
     spark = get_spark(cfg) if plan.todo else None
     result = caption(spark, cfg, args.version, force=args.force, limit=args.limit)
     print(format_caption(result))
+    report = write_caption_report(cfg, result)
+    if report:
+        print(f"report            : {report}")
     return 0
 
 

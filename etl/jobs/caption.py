@@ -12,9 +12,11 @@ appended since) or whose last attempt ``failed``; with nothing to do it commits 
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -37,6 +39,7 @@ __all__ = [
     "plan_caption",
     "caption",
     "format_caption",
+    "write_caption_report",
 ]
 
 log = logging.getLogger(__name__)
@@ -303,3 +306,16 @@ def format_caption(r: CaptionResult) -> str:
         f" ({r.bytes_written / 1e3:.1f} kB of caption data; image files untouched)"
     )
     return "\n".join(lines)
+
+
+def write_caption_report(cfg: Config, r: CaptionResult) -> str | None:
+    """``<root>/reports/caption-<version>-<time>/summary.json`` (local roots only)."""
+    if "://" in cfg.storage.reports_dir:
+        return None
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out_dir = os.path.join(cfg.storage.reports_dir, f"caption-{r.version}-{stamp}")
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "summary.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(asdict(r), f, indent=2)
+    return path
