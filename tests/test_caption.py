@@ -385,3 +385,18 @@ def test_cluster_templates_schedule_gpus_from_config():
         assert conf["spark.executor.resource.gpu.discoveryScript"].endswith(".sh"), name
         v = cfg.caption.version(None)
         assert (v.device, v.dtype) == ("cuda", "bfloat16"), name
+
+
+@pytest.mark.gpu
+def test_tiny_model_captions_in_bf16_on_a_gpu(tiny_model):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from udfs.caption import get_captioner
+
+    spec = _spec(tiny_model, device="cuda", dtype="auto")
+    cap = get_captioner(spec, device="cuda:0")
+    assert cap.model.dtype == torch.bfloat16
+    out = caption_images(spec, pd.Series([_photo_jpeg(n) for n in PHOTOS[:3]]), cap)
+    assert out["status"].tolist() == ["ok"] * 3
