@@ -113,6 +113,23 @@ def _cmd_verify_export(args) -> int:
     return 0 if report.ok else 1
 
 
+def _cmd_caption(args) -> int:
+    from etl.jobs.caption import caption, format_caption, plan_caption, write_caption_report
+    from etl.session import get_spark
+
+    cfg = _load(args)
+    # Config, model, table and the rows to do are checked before Spark starts; with
+    # nothing to do, Spark never starts.
+    plan = plan_caption(cfg, args.version, force=args.force)
+    spark = get_spark(cfg) if plan.todo else None
+    result = caption(spark, cfg, args.version, force=args.force, limit=args.limit)
+    print(format_caption(result))
+    report = write_caption_report(cfg, result)
+    if report:
+        print(f"report            : {report}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lakeshard",
@@ -149,6 +166,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sample", type=_positive, default=50, help="images to audit")
     p.add_argument("--generations", type=_positive, default=5, help="re-encodes in a row")
     p.set_defaults(func=_cmd_jpeg_audit)
+
+    p = sub.add_parser(
+        "caption", help="add a caption version (VLM re-captioning) to the curated table"
+    )
+    p.add_argument("--version", default=None,
+                   help="caption version under `caption.versions` (default: caption.default)")
+    p.add_argument("--force", action="store_true",
+                   help="recaption every selected row, not only those lacking the version")
+    p.add_argument("--limit", type=_positive, default=None, help="caption at most N rows")
+    p.set_defaults(func=_cmd_caption)
 
     p = sub.add_parser("sql", help="run Spark SQL over the Lance tables (views by name)")
     p.add_argument("query")

@@ -27,6 +27,8 @@ __all__ = [
     "PrepareConfig",
     "ExportConfig",
     "SourceConfig",
+    "CaptionConfig",
+    "CaptionVersionConfig",
     "load_config",
     "parse_config",
     "default_config_text",
@@ -146,12 +148,71 @@ class SourceConfig:
 
 
 @dataclass(frozen=True)
+class CaptionVersionConfig:
+    """One named caption version: written to column ``caption_<name>`` (+ provenance)."""
+
+    name: str
+    # A local folder, a hub id (e.g. Qwen/Qwen2.5-VL-7B-Instruct), or `tiny-qwen2_5_vl`:
+    # the untrained smoke-test model, built on first use into <root>/models/.
+    model: str
+    backend: str = "transformers"  # or vllm (optional extra)
+    prompt: str | None = None  # null: udfs.caption.DEFAULT_PROMPT
+    prompt_format: str = "chat"  # chat template (chat VLMs) or plain (task-prompt models)
+    max_new_tokens: int = 256
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+    batch_size: int = 8  # images per generate() call; halved on CUDA out-of-memory
+    min_pixels: int = 4 * 28 * 28
+    max_pixels: int = 640 * 28 * 28
+    device: str = "cpu"  # cpu, or cuda: the GPU Spark assigns to each task
+    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    language: str | None = "en"  # caption check: language_mismatch (en, zh or null)
+    trust_remote_code: bool = False
+    # Which curated rows to caption (Lance SQL; null: all rows) and Spark tasks (null:
+    # one per Lance fragment). Set partitions to a multiple of the cluster's GPU slots.
+    where: str | None = None
+    partitions: int | None = None
+
+    @property
+    def column(self) -> str:
+        return f"caption_{self.name}"
+
+
+@dataclass(frozen=True)
+class CaptionConfig:
+    versions: tuple[CaptionVersionConfig, ...] = ()
+    # The version `lakeshard caption` runs without --version (null: the only one).
+    default: str | None = None
+
+    def version(self, name: str | None) -> CaptionVersionConfig:
+        if name is None:
+            name = self.default
+            if name is None and len(self.versions) == 1:
+                name = self.versions[0].name
+            if name is None:
+                raise ConfigError(
+                    "caption.default: several or no versions configured; name one with "
+                    "--version or set caption.default"
+                )
+        for v in self.versions:
+            if v.name == name:
+                return v
+        known = ", ".join(v.name for v in self.versions) or "none"
+        raise ConfigError(f"caption.versions: no version named {name!r} (configured: {known})")
+
+
+@dataclass(frozen=True)
 class Config:
     storage: StorageConfig
     sources: tuple[SourceConfig, ...]
     spark: SparkConfig = field(default_factory=SparkConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     exports: tuple[ExportConfig, ...] = ()
+    caption: CaptionConfig = field(default_factory=CaptionConfig)
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -377,6 +438,104 @@ def _parse_exports(raw: Any) -> tuple[ExportConfig, ...]:
     return tuple(out)
 
 
+_CAPTION_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+_CAPTION_BACKENDS = ("transformers", "vllm")
+_CAPTION_DTYPES = ("auto", "bfloat16", "float16", "float32")
+_CAPTION_LANGUAGES = (None, "en", "zh")
+
+
+def _number(raw: Any, where: str, lo: float, hi: float | None = None) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)):
+        raise ConfigError(f"{where}: expected a number, got {raw!r}")
+    if raw < lo or (hi is not None and raw > hi):
+        bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+        raise ConfigError(f"{where}: must be {bound}, got {raw}")
+    return float(raw)
+
+
+def _choice(raw: Any, where: str, allowed: tuple) -> Any:
+    if raw not in allowed:
+        shown = ", ".join("null" if a is None else str(a) for a in allowed)
+        raise ConfigError(f"{where}: {raw!r} is not one of {shown}")
+    return raw
+
+
+def _parse_caption(raw: Any) -> CaptionConfig:
+    raw = _check_keys(raw, "caption", _fields(CaptionConfig))
+    versions_raw = raw.get("versions") or {}
+    if not isinstance(versions_raw, dict):
+        raise ConfigError("caption.versions: expected a mapping of version name to settings")
+    versions = []
+    for name, body in versions_raw.items():
+        where = f"caption.versions.{name}"
+        if not isinstance(name, str) or not _CAPTION_NAME_RE.match(name):
+            raise ConfigError(
+                f"{where}: {name!r} is not a valid version name (lower-case letters, digits "
+                "and '_', starting with a letter; it becomes the column caption_<name>)"
+            )
+        body = _check_keys(body or {}, where, _fields(CaptionVersionConfig) - {"name"},
+                           {"model"})
+        d = CaptionVersionConfig(name=name, model="-")
+        g = body.get
+        min_pixels = _int(g("min_pixels", d.min_pixels), f"{where}.min_pixels", 1)
+        max_pixels = _int(g("max_pixels", d.max_pixels), f"{where}.max_pixels", 1)
+        if max_pixels < min_pixels:
+            raise ConfigError(
+                f"{where}.max_pixels: {max_pixels} is below min_pixels ({min_pixels})"
+            )
+        device = _choice(g("device", d.device), f"{where}.device", ("cpu", "cuda"))
+        backend = _choice(g("backend", d.backend), f"{where}.backend", _CAPTION_BACKENDS)
+        if backend == "vllm" and device != "cuda":
+            raise ConfigError(f"{where}.device: the vllm backend needs device: cuda")
+        partitions = g("partitions", d.partitions)
+        versions.append(
+            CaptionVersionConfig(
+                name=name,
+                model=_str(body["model"], f"{where}.model"),
+                backend=backend,
+                prompt=None if g("prompt") is None else _str(g("prompt"), f"{where}.prompt"),
+                prompt_format=_choice(
+                    g("prompt_format", d.prompt_format), f"{where}.prompt_format",
+                    ("chat", "plain"),
+                ),
+                max_new_tokens=_int(
+                    g("max_new_tokens", d.max_new_tokens), f"{where}.max_new_tokens", 1, 8192
+                ),
+                do_sample=_bool(g("do_sample", d.do_sample), f"{where}.do_sample"),
+                temperature=_number(g("temperature", d.temperature), f"{where}.temperature",
+                                    0.0, 10.0),
+                top_p=_number(g("top_p", d.top_p), f"{where}.top_p", 0.0, 1.0),
+                top_k=_int(g("top_k", d.top_k), f"{where}.top_k", 0),
+                repetition_penalty=_number(
+                    g("repetition_penalty", d.repetition_penalty),
+                    f"{where}.repetition_penalty", 0.5, 5.0,
+                ),
+                seed=_int(g("seed", d.seed), f"{where}.seed", 0),
+                batch_size=_int(g("batch_size", d.batch_size), f"{where}.batch_size", 1, 4096),
+                min_pixels=min_pixels,
+                max_pixels=max_pixels,
+                device=device,
+                dtype=_choice(g("dtype", d.dtype), f"{where}.dtype", _CAPTION_DTYPES),
+                language=_choice(g("language", d.language), f"{where}.language",
+                                 _CAPTION_LANGUAGES),
+                trust_remote_code=_bool(
+                    g("trust_remote_code", d.trust_remote_code), f"{where}.trust_remote_code"
+                ),
+                where=None if g("where") in (None, "") else _str(g("where"), f"{where}.where"),
+                partitions=None if partitions is None else _int(
+                    partitions, f"{where}.partitions", 1
+                ),
+            )
+        )
+    default = raw.get("default")
+    if default is not None and default not in {v.name for v in versions}:
+        raise ConfigError(
+            f"caption.default: {default!r} is not a configured version "
+            f"({', '.join(v.name for v in versions) or 'none'})"
+        )
+    return CaptionConfig(versions=tuple(versions), default=default)
+
+
 def _parse_source(raw: Any, index: int) -> SourceConfig:
     # Import here: the registry imports this module for SourceConfig.
     from etl.sources import SOURCE_KINDS
@@ -420,6 +579,7 @@ def parse_config(raw: Any) -> Config:
         spark=_parse_spark(raw.get("spark") or {}),
         prepare=_parse_prepare(raw.get("prepare") or {}),
         exports=_parse_exports(raw.get("exports") or {}),
+        caption=_parse_caption(raw.get("caption") or {}),
     )
 
 

@@ -1,0 +1,402 @@
+"""VLM re-captioning: a tiny random Qwen2.5-VL built here, real photos, real Spark + Lance.
+
+No model hub is ever reachable: the offline switches are set before anything imports
+transformers (and Spark's Python workers inherit them), and every model is a local
+folder built in the test by :mod:`etl.tiny_vlm`.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+import hashlib  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import lance  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from conftest import REPO, make_config  # noqa: E402
+from PIL import Image  # noqa: E402
+
+from etl.config import ConfigError  # noqa: E402
+from udfs.caption import (  # noqa: E402
+    DEFAULT_PROMPT,
+    CaptionSpec,
+    TransformersCaptioner,
+    caption_flags,
+    caption_images,
+    load_image,
+)
+
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "immunohistochemistry")
+
+
+def _photo_jpeg(name: str, side: int = 96) -> bytes:
+    import skimage.data
+
+    img = Image.fromarray(getattr(skimage.data, name)()).convert("RGB")
+    img.thumbnail((side, side))
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=92)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    from etl.tiny_vlm import ensure_tiny_vlm
+
+    return str(ensure_tiny_vlm(tmp_path_factory.mktemp("models")))
+
+
+def _spec(model: str, **kw) -> CaptionSpec:
+    base = dict(model=model, max_new_tokens=12, batch_size=4, min_pixels=28 * 28,
+                max_pixels=56 * 56 * 2, local_files_only=True)
+    return CaptionSpec(**{**base, **kw})
+
+
+# ------------------------------------------------------------------ pure functions
+
+
+def test_caption_checks_flag_empty_truncated_loops_and_script():
+    ok = "A tabby cat lies on a wooden table next to a cup of coffee, lit from the left."
+    assert caption_flags(ok, hit_limit=False, language="en") == []
+    assert caption_flags("  \n", hit_limit=False, language="en") == ["empty"]
+    assert caption_flags(ok, hit_limit=True, language="en") == ["truncated"]
+    loop = "A cat on a table, a red car, a red car, a red car, a red car"
+    assert caption_flags(loop, hit_limit=True, language="en") == ["truncated", "repetition"]
+    assert "repetition" in caption_flags("ababababababababab", hit_limit=False, language=None)
+    # "very very" is English, not a loop.
+    assert caption_flags("a very very tall tower", hit_limit=False, language="en") == []
+    zh = "一只猫躺在木桌上，旁边有一杯咖啡和一把勺子，光线从左边照进来。"
+    assert caption_flags(zh, hit_limit=False, language="en") == ["language_mismatch"]
+    assert caption_flags(zh, hit_limit=False, language="zh") == []
+    assert caption_flags(zh, hit_limit=False, language=None) == []
+
+
+def test_load_image_resizes_into_the_pixel_range_and_names_bad_bytes():
+    big = load_image(_photo_jpeg("astronaut", side=512), 28 * 28, 100 * 100)
+    assert big.mode == "RGB" and big.width * big.height <= 100 * 100 * 1.03
+    assert abs(big.width / big.height - 1.0) < 0.02  # the aspect ratio is kept
+    small = load_image(_photo_jpeg("chelsea", side=20), 64 * 64, 100 * 100)
+    assert small.width * small.height >= 64 * 64 * 0.97
+    with pytest.raises(ValueError, match="missing image bytes"):
+        load_image(b"", 1, 10)
+    with pytest.raises(ValueError, match="undecodable image: UnidentifiedImageError"):
+        load_image(b"definitely not a jpeg", 1, 10)
+
+
+def _raw_caption(version: dict, **extra) -> dict:
+    return {"caption": {"versions": {"v1": {"model": "m", **version}}, **extra}}
+
+
+@pytest.mark.parametrize(
+    ("caption", "field"),
+    [
+        (_raw_caption({"batch_size": 0}), "caption.versions.v1.batch_size"),
+        (_raw_caption({"backend": "onnx"}), "caption.versions.v1.backend"),
+        (_raw_caption({"backend": "vllm"}), "caption.versions.v1.device"),
+        (_raw_caption({"min_pixels": 5000, "max_pixels": 100}), "caption.versions.v1.max_pixels"),
+        (_raw_caption({"dtype": "int8"}), "caption.versions.v1.dtype"),
+        (_raw_caption({"temperatur": 0.7}), "caption.versions.v1"),
+        (_raw_caption({}, default="v2"), "caption.default"),
+        ({"caption": {"versions": {"Qwen-VL": {"model": "m"}}}}, "caption.versions.Qwen-VL"),
+        ({"caption": {"versions": {"v1": {"prompt": "x"}}}}, "caption.versions.v1.model"),
+    ],
+)
+def test_bad_caption_config_names_the_field(tmp_path, caption, field):
+    with pytest.raises(ConfigError, match=f"^{field.replace('.', '[.]')}"):
+        make_config(tmp_path, **caption)
+
+
+def test_default_config_has_a_smoke_version_on_cpu():
+    from etl.config import load_config
+
+    v = load_config(None).caption.version(None)
+    assert (v.name, v.model, v.device, v.backend) == ("smoke", "tiny-qwen2_5_vl", "cpu",
+                                                      "transformers")
+
+
+# ------------------------------------------------------------------ the model, no Spark
+
+
+def test_caption_images_real_model_bad_rows_and_image_conditioning(tiny_model):
+    images = pd.Series([_photo_jpeg("astronaut"), b"\xff\xd8\xff garbage", None,
+                        _photo_jpeg("coffee")])
+    spec = _spec(tiny_model)
+    out = caption_images(spec, images)
+    assert out["status"].tolist() == ["ok", "bad_image", "bad_image", "ok"]
+    assert out["error"][1].startswith("undecodable image") and out["error"][2] == (
+        "missing image bytes")
+    assert out["caption"][1] is None and out["caption"][2] is None
+    assert all(isinstance(out["caption"][i], str) for i in (0, 3))
+    assert all(1 <= out["tokens"][i] <= spec.max_new_tokens for i in (0, 3))
+    # A random model still conditions on the pixels: different photos, different text.
+    assert out["caption"][0] != out["caption"][3]
+    # Greedy decoding: the same input gives the same caption, alone or in a batch.
+    alone = caption_images(spec, images.iloc[[3]])
+    assert alone["caption"].tolist() == [out["caption"][3]]
+
+
+class _OomAboveOne(TransformersCaptioner):
+    """The real tiny model, but a batch of more than one image runs out of GPU memory."""
+
+    calls: list[int]
+
+    def generate(self, images, spec):
+        import torch
+
+        self.calls.append(len(images))
+        if len(images) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return super().generate(images, spec)
+
+
+def test_out_of_memory_halves_the_batch_until_it_fits(tiny_model):
+    spec = _spec(tiny_model, batch_size=4)
+    cap = _OomAboveOne(spec, "cpu")
+    cap.calls = []
+    images = pd.Series([_photo_jpeg(n) for n in PHOTOS[:5]])
+    out = caption_images(spec, images, cap)
+    assert out["status"].tolist() == ["ok"] * 5
+    assert cap.calls == [4, 2, 1, 1, 1, 1, 1] and cap.batch_limit == 1
+    reference = caption_images(spec, images)  # a captioner without the limit
+    assert out["caption"].tolist() == reference["caption"].tolist()
+
+
+class _FailsOnTinyImages(TransformersCaptioner):
+    """Generation raises for one particular image (a 28x28 one): a row-level bug."""
+
+    def generate(self, images, spec):
+        if any(im.size == (28, 28) for im in images):
+            raise RuntimeError("shape mismatch in the vision tower")
+        return super().generate(images, spec)
+
+
+def test_a_failing_row_is_isolated_and_the_others_are_captioned(tiny_model):
+    spec = _spec(tiny_model, batch_size=4, min_pixels=28 * 28)
+    tiny = io.BytesIO()
+    Image.new("RGB", (28, 28), (9, 9, 9)).save(tiny, format="PNG")
+    images = pd.Series([_photo_jpeg("astronaut"), tiny.getvalue(), _photo_jpeg("rocket")])
+    out = caption_images(spec, images, _FailsOnTinyImages(spec, "cpu"))
+    assert out["status"].tolist() == ["ok", "failed", "ok"]
+    assert out["error"][1] == "RuntimeError: shape mismatch in the vision tower"
+
+
+def test_a_hub_id_is_refused_offline(tiny_model):
+    from udfs.caption import get_captioner
+
+    with pytest.raises(OSError):
+        get_captioner(CaptionSpec(model="Qwen/Qwen2.5-VL-3B-Instruct"), device="cpu")
+
+
+# ------------------------------------------------------------------ Spark + Lance
+
+
+def _curated(spark, path: str, corrupt_id: str) -> dict[str, bytes]:
+    """A curated-shaped Lance table of real photos in 2 fragments, one image corrupt."""
+    images = {f"id_{n}": _photo_jpeg(n) for n in PHOTOS}
+    images[corrupt_id] = images[corrupt_id][: len(images[corrupt_id]) // 3]  # truncated
+    rows = [
+        (sid, "photos", data, 96, 96, 96, 96, f"original caption of {sid}", True)
+        for sid, data in images.items()
+    ]
+    schema = ("sample_id string, source string, image binary, width int, height int, "
+              "original_width int, original_height int, caption_original string, keep boolean")
+    spark.createDataFrame(rows, schema).repartition(2).write.format("lance").mode(
+        "overwrite").save(path)
+    return images
+
+
+def _files(path: str) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in Path(path, "data").glob("*.lance")}
+
+
+def _rows(path: str, columns: list[str]) -> dict[str, dict]:
+    t = lance.dataset(path).to_table(columns=["sample_id", *columns]).to_pylist()
+    return {r.pop("sample_id"): r for r in t}
+
+
+@pytest.mark.slow
+def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
+    spark, tmp_path, tiny_model
+):
+    from etl.jobs.caption import caption, caption_columns
+    from etl.writers.lance_columns import write_columns
+
+    prompt_b = "Describe the colours."
+    cfg = make_config(
+        tmp_path,
+        caption={"versions": {
+            "a": {"model": tiny_model, "max_new_tokens": 16, "batch_size": 2,
+                  "min_pixels": 784, "max_pixels": 6272},
+            "b": {"model": tiny_model, "prompt": prompt_b, "max_new_tokens": 8,
+                  "min_pixels": 784, "max_pixels": 6272, "where": "sample_id = 'id_coffee'"},
+        }},
+        exports={"default": {"captions": {"caption": "caption_a"}, "partitions": 1}},
+    )
+    path = cfg.storage.lance_table("curated")
+    images = _curated(spark, path, corrupt_id="id_camera")
+    before = _files(path)
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "2")  # several batches
+    try:
+        res = caption(spark, cfg, "a")
+    finally:
+        spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
+
+    # Image data files: the same files, byte for byte; only new column files were added.
+    after = _files(path)
+    assert {k: after[k] for k in before} == before and len(after) > len(before)
+    ds = lance.dataset(path)
+    assert ds.count_rows() == len(images) and ds.version == res.version_after
+    assert dict(zip(*ds.to_table(columns=["sample_id", "image"]).to_pydict().values(),
+                    strict=True)) == images
+
+    cols = list(caption_columns("a"))
+    got = _rows(path, cols)
+    assert res.todo == res.captioned == len(images)
+    assert res.statuses == {"ok": len(images) - 1, "bad_image": 1}
+    bad = got["id_camera"]
+    assert bad["caption_a"] is None and bad["caption_a_status"] == "bad_image"
+    assert bad["caption_a_error"].startswith("undecodable image")
+    sha = hashlib.sha256(DEFAULT_PROMPT.encode()).hexdigest()
+    for sid, row in got.items():
+        assert row["caption_a_model"] == tiny_model and row["caption_a_prompt_sha256"] == sha
+        params = json.loads(row["caption_a_params"])
+        assert params["max_new_tokens"] == 16 and params["max_pixels"] == 6272
+        assert row["caption_a_at"] is not None
+        if sid != "id_camera":
+            assert row["caption_a_status"] == "ok" and isinstance(row["caption_a"], str)
+            assert 1 <= row["caption_a_tokens"] <= 16
+    # The model loaded once per Python worker, not once per batch.
+    assert res.workers and all(w["model_loads"] == 1 for w in res.workers.values())
+    assert sum(w["batches"] for w in res.workers.values()) > len(res.workers)
+
+    # A rerun finds nothing to do and commits nothing.
+    again = caption(spark, cfg, "a")
+    assert (again.todo, again.captioned, again.version_after) == (0, 0, res.version_after)
+    assert lance.dataset(path).version == res.version_after
+
+    # A row whose attempt failed is captioned again, and only that row.
+    failed = spark.createDataFrame([("id_rocket", "failed")],
+                                   "sample_id string, caption_a_status string")
+    write_columns(spark, path, failed)
+    retry = caption(spark, cfg, "a")
+    assert (retry.todo, retry.captioned, retry.statuses) == (1, 1, {"ok": 1})
+    now = _rows(path, cols)
+    assert now["id_rocket"]["caption_a"] == got["id_rocket"]["caption_a"]  # greedy: same
+    assert now["id_rocket"]["caption_a_at"] > got["id_rocket"]["caption_a_at"]
+    assert {k: v for k, v in now.items() if k != "id_rocket"} == {
+        k: v for k, v in got.items() if k != "id_rocket"}
+    # Same model in the same workers: no new load for another run.
+    assert all(w["model_loads"] == 1 for w in retry.workers.values())
+
+    # A second version coexists with the first; its `where` picks the rows.
+    res_b = caption(spark, cfg, "b")
+    assert (res_b.todo, res_b.captioned) == (1, 1)
+    both = _rows(path, ["caption_a", "caption_b", "caption_b_prompt_sha256"])
+    assert both["id_coffee"]["caption_b_prompt_sha256"] == hashlib.sha256(
+        prompt_b.encode()).hexdigest()
+    assert isinstance(both["id_coffee"]["caption_b"], str)
+    assert all(r["caption_b"] is None for k, r in both.items() if k != "id_coffee")
+    assert {k: r["caption_a"] for k, r in both.items()} == {
+        k: r["caption_a"] for k, r in now.items()}
+    assert {k: after[k] for k in before} == {k: _files(path)[k] for k in before}
+
+    # The export reads the version the config names (caption_a); "" where it failed.
+    from streaming import StreamingDataset
+
+    from etl.jobs.export import export
+
+    exp = export(spark, cfg, "default")
+    ds = StreamingDataset(local=exp.path, shuffle=False, batch_size=1)
+    exported = {ds[i]["sample_id"]: ds[i]["caption"] for i in range(len(ds))}
+    assert exported == {k: r["caption_a"] or "" for k, r in now.items()}
+
+    # Another model or prompt under the same name is refused before any work.
+    changed = make_config(tmp_path, caption={"versions": {"a": {
+        "model": tiny_model, "prompt": "Other prompt.", "max_new_tokens": 16,
+        "batch_size": 2, "min_pixels": 784, "max_pixels": 6272}}})
+    with pytest.raises(ConfigError, match="caption.versions.a: caption_a already holds"):
+        caption(spark, changed, "a")
+
+
+def test_cli_caption_no_op_and_errors_without_spark(tmp_path, tiny_model, spark):
+    from etl.jobs.caption import caption_columns
+    from etl.writers.lance_columns import write_columns
+
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps({
+        "storage": {"root": str(tmp_path / "root")},
+        "spark": {"master": "local[1]", "jars_dir": str(REPO / ".jars")},
+        "sources": [{"name": "s", "kind": "image_folder", "path": str(tmp_path)}],
+        "caption": {"versions": {"a": {"model": tiny_model}}},
+    }))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "etl.cli", "--conf", str(conf), "caption"]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2 and "run `lakeshard curate` first" in run.stderr
+
+    bad = subprocess.run(cmd + ["--version", "nope"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert bad.returncode == 2 and "caption.versions: no version named 'nope'" in bad.stderr
+
+    # A table where every row already has version `a` (status ok): nothing to do, and
+    # the CLI says so without starting Spark.
+    from etl.config import load_config
+    from etl.jobs.caption import caption_spec
+
+    cfg = load_config(conf)
+    spec = caption_spec(cfg, cfg.caption.version("a"))
+    path = cfg.storage.lance_table("curated")
+    _curated(spark, path, corrupt_id="id_camera")
+    cols = caption_columns("a")
+    values = {"caption_a": "x", "caption_a_status": "ok", "caption_a_model": tiny_model,
+              "caption_a_prompt_sha256": spec.prompt_sha256,
+              "caption_a_params": spec.params_json()}
+    done = spark.createDataFrame(
+        [(f"id_{n}", *values.values()) for n in PHOTOS],
+        "sample_id string, " + ", ".join(f"{c} {cols[c]}" for c in values),
+    )
+    write_columns(spark, path, done)
+    version = lance.dataset(path).version
+    ok = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert ok.returncode == 0, ok.stderr
+    assert "rows to caption   : 0 of 6" in ok.stdout and "nothing to do" in ok.stdout
+    assert "SparkContext" not in ok.stderr and lance.dataset(path).version == version
+
+
+def test_cluster_templates_schedule_gpus_from_config():
+    from etl.config import load_config
+
+    for name in ("databricks.yaml", "emr.yaml"):
+        cfg = load_config(REPO / "conf" / name)
+        conf = cfg.spark.conf
+        gpus, per_task = (float(conf["spark.executor.resource.gpu.amount"]),
+                          float(conf["spark.task.resource.gpu.amount"]))
+        assert gpus >= 1 and 0 < per_task <= 1, name
+        assert conf["spark.executor.resource.gpu.discoveryScript"].endswith(".sh"), name
+        v = cfg.caption.version(None)
+        assert (v.device, v.dtype) == ("cuda", "bfloat16"), name
+
+
+@pytest.mark.gpu
+def test_tiny_model_captions_in_bf16_on_a_gpu(tiny_model):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    from udfs.caption import get_captioner
+
+    spec = _spec(tiny_model, device="cuda", dtype="auto")
+    cap = get_captioner(spec, device="cuda:0")
+    assert cap.model.dtype == torch.bfloat16
+    out = caption_images(spec, pd.Series([_photo_jpeg(n) for n in PHOTOS[:3]]), cap)
+    assert out["status"].tolist() == ["ok"] * 3
