@@ -31,7 +31,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl.writers.lance import FRAGMENT_ID
+from etl.writers.lance import FRAGMENT_ID, _rebuild_empty_lists
 
 __all__ = ["ColumnWrite", "ensure_columns", "write_columns", "drop_columns"]
 
@@ -105,7 +105,7 @@ def _fragment_writer(path: str, version: int, key: str, target: pa.Schema):
             if fid not in groups:
                 groups[fid] = []
                 order.append(fid)
-            groups[fid].append(piece.select(target.names).cast(target))
+            groups[fid].append(_rebuild_empty_lists(piece.select(target.names).cast(target)))
         out = {"fragment_json": [], "fields_json": [], "rows": [], "bytes": []}
         for fid in order:
             frag = ds.get_fragment(fid)
