@@ -49,6 +49,25 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         expected = table.count_rows(filter=exp.where)
     except (ValueError, OSError) as exc:  # a predicate Lance can't parse
         raise ConfigError(f"exports.{name}.where: {exp.where!r}: {exc}") from None
+    encodings: dict[str, str] = {}
+    if exp.latents:  # precomputed text latents (default: none, computed online)
+        from etl.jobs.latents import latent_export_columns
+
+        extra, encodings, required = latent_export_columns(exp, table.schema)
+        for out in extra:
+            if out in mapping:
+                raise ConfigError(f"exports.{name}.latents: {out!r} is already exported")
+        mapping.update(extra)
+        missing_filter = " OR ".join(f"{c} IS NULL" for c in required)
+        if exp.where:
+            missing_filter = f"({exp.where}) AND ({missing_filter})"
+        missing = table.count_rows(filter=missing_filter)
+        if missing:
+            raise ConfigError(
+                f"exports.{name}.latents: {missing} exported row(s) have no latents "
+                f"({' or '.join(required)} is null): run `lakeshard latents --encoder "
+                "NAME` (rows whose caption failed to encode have latent_error_* set)"
+            )
 
     reader = (
         spark.read.format("lance")
@@ -69,7 +88,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         selected.append(col.alias(out))
     rows = curated.select(*selected)
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
-        if f.name != "image":
+        if f.name != "image" and f.name not in encodings:
             mds_encoding(f.dataType, f.name)
 
     result = export_mds(
@@ -80,6 +99,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         compression=exp.compression,
         hashes=exp.hashes,
         seed=exp.seed,
+        encodings=encodings or None,
         manifest={
             "name": name, "table": curated_path, "table_version": table.version,
             "where": exp.where, "sources": dict(mapping),

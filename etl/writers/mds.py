@@ -114,6 +114,10 @@ def _passthrough_writer_cls():
                     if not value.startswith(b"\xff\xd8"):
                         raise ValueError(f"column {key!r}: bytes are not a JPEG")
                     datum = bytes(value)
+                elif encoding.startswith("ndarray:") and isinstance(value, (bytes, bytearray)):
+                    # Raw array bytes (e.g. stored latents): a fixed-shape ndarray's encoding
+                    # is exactly its values' bytes; the size check below guards the shape.
+                    datum = bytes(value)
                 else:
                     datum = mds_encode(encoding, value)
                 if size is None:
@@ -223,15 +227,20 @@ def export_mds(
     hashes: tuple[str, ...],
     seed: int = 0,
     manifest: dict[str, Any] | None = None,
+    encodings: dict[str, str] | None = None,
 ) -> ExportResult:
     """Write `rows` as an MDS export at `out_dir`: every column of `rows`, encoded by
     its Spark type (`image` as pass-through JPEG). `manifest` adds the caller's
     lineage (table, version, predicate) to ``manifest.json``; together with the
-    writer settings it names the staging folder, so an interrupted export resumes."""
+    writer settings it names the staging folder, so an interrupted export resumes.
+    `encodings` overrides the encoding of some columns (binary columns of raw array
+    bytes as fixed-shape ``ndarray:<dtype>:<shape>``)."""
     if "sample_id" not in rows.columns or "image" not in rows.columns:
         raise ValueError("export rows need `image` and `sample_id` columns")
+    encodings = encodings or {}
     columns = {
-        f.name: "jpeg" if f.name == "image" else mds_encoding(f.dataType, f.name)
+        f.name: "jpeg" if f.name == "image"
+        else encodings.get(f.name) or mds_encoding(f.dataType, f.name)
         for f in rows.schema.fields
     }
     settings = {
