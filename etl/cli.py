@@ -130,6 +130,25 @@ def _cmd_caption(args) -> int:
     return 0
 
 
+def _cmd_latents(args) -> int:
+    from etl.jobs.latents import compute_latents, drop_latents, format_latents
+
+    cfg = _load(args)
+    cfg.latents.encoder(args.encoder)  # an unknown encoder fails here, before Spark
+    if args.drop:
+        version, columns = drop_latents(cfg, args.encoder)
+        if not columns:
+            print(f"latents {args.encoder}: none in the curated table; nothing dropped")
+        else:
+            print(f"latents {args.encoder}: dropped {', '.join(columns)} (version {version})")
+        return 0
+    from etl.session import get_spark
+
+    res = compute_latents(get_spark(cfg), cfg, args.encoder, recompute=args.recompute)
+    print(format_latents(res))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lakeshard",
@@ -176,6 +195,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="recaption every selected row, not only those lacking the version")
     p.add_argument("--limit", type=_positive, default=None, help="caption at most N rows")
     p.set_defaults(func=_cmd_caption)
+
+    p = sub.add_parser(
+        "latents", help="precompute a text encoder's latents per caption into the curated table"
+    )
+    p.add_argument("--encoder", required=True, help="encoder name under `latents.encoders`")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument(
+        "--recompute", action="store_true", help="replace existing latents of this encoder"
+    )
+    what.add_argument("--drop", action="store_true", help="drop this encoder's columns")
+    p.set_defaults(func=_cmd_latents)
 
     p = sub.add_parser("sql", help="run Spark SQL over the Lance tables (views by name)")
     p.add_argument("query")

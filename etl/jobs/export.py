@@ -50,10 +50,31 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         expected = table.count_rows(filter=exp.where)
     except (ValueError, OSError) as exc:  # a predicate Lance can't parse
         raise ConfigError(f"exports.{name}.where: {exp.where!r}: {exc}") from None
+    encodings: dict[str, str] = {}
+    if exp.latents:  # precomputed text latents (default: none, computed online)
+        from etl.jobs.latents import latent_export_columns
+
+        extra, encodings, required = latent_export_columns(exp, table.schema)
+        for out in extra:
+            if out in mapping:
+                raise ConfigError(f"exports.{name}.latents: {out!r} is already exported")
+        mapping.update(extra)
+        missing_filter = " OR ".join(f"{c} IS NULL" for c in required)
+        if exp.where:
+            missing_filter = f"({exp.where}) AND ({missing_filter})"
+        missing = table.count_rows(filter=missing_filter)
+        if missing:
+            raise ConfigError(
+                f"exports.{name}.latents: {missing} exported row(s) have no latents "
+                f"({' or '.join(required)} is null): run `lakeshard latents --encoder "
+                "NAME` (rows whose caption failed to encode have latent_error_* set)"
+            )
 
     # Image bytes don't travel through Spark: rows carry their Lance row address and
     # each export task takes the bytes from the pinned table version (BlobSource).
-    small = sorted({src for out, src in mapping.items() if out != "image"})
+    # Latents (fixed-shape ndarray bytes, tens of kB per sample) are taken the same way.
+    fetched = {out: src for out, src in mapping.items() if out == "image" or out in encodings}
+    small = sorted({src for out, src in mapping.items() if out not in fetched})
     reader = (
         spark.read.format("lance")
         .option("version", str(table.version))
@@ -65,7 +86,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     curated = reader.load(curated_path)
     selected = [F.col(ROW_ADDRESS)]
     for out, src in mapping.items():
-        if out == "image":
+        if out in fetched:
             continue
         col = F.col(src)
         if out in exp.captions:
@@ -76,7 +97,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         selected.append(col.alias(out))
     rows = curated.select(*selected)
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
-        if f.name != ROW_ADDRESS:
+        if f.name != ROW_ADDRESS and f.name not in encodings:
             mds_encoding(f.dataType, f.name)
 
     result = export_mds(
@@ -87,9 +108,10 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         compression=exp.compression,
         hashes=exp.hashes,
         seed=exp.seed,
-        blobs=BlobSource(curated_path, table.version, {"image": mapping["image"]}),
+        blobs=BlobSource(curated_path, table.version, fetched),
         buckets=exp.buckets,
         jpeg_quality=cfg.prepare.jpeg_quality,
+        encodings=encodings or None,
         manifest={
             "name": name, "table": curated_path, "table_version": table.version,
             "where": exp.where, "sources": dict(mapping),

@@ -147,14 +147,20 @@ def encode_batch(batch: pa.RecordBatch, columns: Mapping[str, str]) -> list[byte
         arr = batch.column(batch.schema.get_field_index(name))
         if arr.null_count:
             raise ValueError(f"column {name!r}: null values cannot be written to MDS")
-        is_var = get_mds_encoded_size(enc) is None
-        if enc in ("str", "bytes", "jpeg") and (
+        size = get_mds_encoded_size(enc)
+        is_var = size is None
+        binary = (
             pa.types.is_binary(arr.type) or pa.types.is_string(arr.type)
             or pa.types.is_large_binary(arr.type) or pa.types.is_large_string(arr.type)
-        ):
+        )
+        if binary and (enc in ("str", "bytes", "jpeg") or enc.startswith("ndarray:")):
+            # ndarray: raw array bytes (stored latents); a fixed-shape ndarray's encoding is
+            # exactly its values' bytes, so only the size needs checking.
             chunks, lengths = _var_chunks(arr)
             if enc == "jpeg" and any(bytes(c[:2]) != b"\xff\xd8" for c in chunks):
                 raise ValueError(f"column {name!r}: bytes are not a JPEG")
+            if size is not None and any(n != size for n in lengths):
+                raise ValueError(f"column {name!r}: values are not {size} bytes ({enc})")
         elif enc in _FIXED_NUMPY:
             raw = np.asarray(arr.to_numpy(zero_copy_only=False)).astype(_FIXED_NUMPY[enc])
             k, buf = raw.itemsize, raw.tobytes()
@@ -222,6 +228,10 @@ def _passthrough_writer_cls():
                 if encoding == "jpeg" and isinstance(value, (bytes, bytearray)):
                     if not value.startswith(b"\xff\xd8"):
                         raise ValueError(f"column {key!r}: bytes are not a JPEG")
+                    datum = bytes(value)
+                elif encoding.startswith("ndarray:") and isinstance(value, (bytes, bytearray)):
+                    # Raw array bytes (e.g. stored latents): a fixed-shape ndarray's encoding
+                    # is exactly its values' bytes; the size check below guards the shape.
                     datum = bytes(value)
                 else:
                     datum = mds_encode(encoding, value)
@@ -531,6 +541,7 @@ def export_mds(
     blobs: BlobSource | None = None,
     buckets=None,
     jpeg_quality: int = 92,
+    encodings: dict[str, str] | None = None,
 ) -> ExportResult:
     """Write `rows` as an MDS export at `out_dir`: every column of `rows`, encoded by
     its Spark type (`image` as pass-through JPEG). `manifest` adds the caller's
@@ -540,7 +551,10 @@ def export_mds(
     With `buckets` (:class:`etl.buckets.BucketSpec`), rows are routed by aspect ratio
     into one sub-folder per bucket (``<out>/<W>x<H>/``, each with its own
     ``index.json``; read one with ``StreamingDataset(local=<out>, split="<W>x<H>")``),
-    resized to the bucket at `jpeg_quality` if the spec says so."""
+    resized to the bucket at `jpeg_quality` if the spec says so.
+
+    `encodings` overrides the encoding of some columns (binary columns of raw array
+    bytes as fixed-shape ``ndarray:<dtype>:<shape>``)."""
     fetched = dict(blobs.columns) if blobs else {}
     if "sample_id" not in rows.columns or "image" not in [*rows.columns, *fetched]:
         raise ValueError("export rows need `image` and `sample_id` columns")
@@ -548,13 +562,15 @@ def export_mds(
         raise ValueError("a BlobSource needs the rows' `_rowaddr` (read option row_address)")
     if buckets is not None and not {"width", "height"} <= set(rows.columns):
         raise ValueError("aspect-ratio buckets need `width` and `height` columns")
+    encodings = encodings or {}
     columns = {
-        f.name: "jpeg" if f.name == "image" else mds_encoding(f.dataType, f.name)
+        f.name: "jpeg" if f.name == "image"
+        else encodings.get(f.name) or mds_encoding(f.dataType, f.name)
         for f in rows.schema.fields
         if f.name != "_rowaddr"
     }
     for name in fetched:
-        columns[name] = "jpeg" if name == "image" else "bytes"
+        columns[name] = "jpeg" if name == "image" else encodings.get(name, "bytes")
     settings = {
         **(manifest or {}), "columns": columns, "partitions": partitions,
         "size_limit": size_limit, "compression": compression, "hashes": list(hashes),
