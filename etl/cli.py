@@ -69,6 +69,9 @@ def _cmd_sql(args) -> int:
     cfg = _load(args)
     spark = get_spark(cfg)
     views = register_lance_views(spark, cfg)
+    from etl.lakehouse.views import register_lakehouse_views
+
+    views += register_lakehouse_views(spark, cfg)
     logging.getLogger("lakeshard").info("views: %s", ", ".join(views) or "none")
     spark.sql(args.query).show(args.limit, truncate=not args.no_truncate)
     return 0
