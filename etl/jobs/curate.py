@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from etl.config import Config
+from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.samples import ensure_samples
 from etl.sources import adapter_for, finish_ingest
 from etl.transforms.prepare import (
@@ -131,6 +132,8 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
 
     sc.setJobDescription("lakeshard curate: write Lance curated")
     accepted.write.format("lance").mode("overwrite").save(curated_path)
+    # Scalar indexes on the columns analysts filter by (an index commit is a version).
+    ensure_scalar_indexes(curated_path, cfg.lakehouse.scalar_indexes)
     sc.setJobDescription("lakeshard curate: merge Delta rejects")
     merge_rejects(spark, rejected_rows(prepared, run_id=run_id), rejects_path)
     sc.setJobDescription(None)
