@@ -25,6 +25,8 @@ __all__ = [
     "PrepareConfig",
     "ExportConfig",
     "SourceConfig",
+    "DedupConfig",
+    "DEDUP_POLICY_KEYS",
     "load_config",
     "parse_config",
     "default_config_text",
@@ -123,6 +125,8 @@ class ExportConfig:
     columns: tuple[str, ...] = ()
     # Seed of the order inside each partition; same table version + seed = same bytes.
     seed: int = 0
+    # False: leave out rows dedup marked as non-canonical duplicates (is_canonical=false).
+    include_duplicates: bool = False
 
 
 @dataclass(frozen=True)
@@ -138,6 +142,34 @@ class SourceConfig:
     sample: bool = False
 
 
+# Criteria the canonical member of a duplicate cluster is chosen by, in config order.
+DEDUP_POLICY_KEYS = ("resolution", "source_priority", "earliest")
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """Exact + near-duplicate annotation (etl/transforms/dedup.py)."""
+
+    enabled: bool = True
+    # Near duplicates: 64-bit dHashes at most this many bits apart.
+    threshold: int = 4
+    # The hash is cut into `bands` blocks; candidate pairs agree exactly on at least
+    # `bands - threshold` of them (every such combination is one LSH key), so every pair
+    # within the threshold is found (pigeonhole). bands = threshold + 1 is classic banding.
+    bands: int = 6
+    # Source names, best first, for the `source_priority` criterion.
+    source_priority: tuple[str, ...] = ()
+    policy: tuple[str, ...] = DEDUP_POLICY_KEYS
+    # Bound on connected-components rounds (each round at least halves long chains).
+    max_iterations: int = 40
+
+    @property
+    def keys_per_hash(self) -> int:
+        import math
+
+        return math.comb(self.bands, self.bands - self.threshold)
+
+
 @dataclass(frozen=True)
 class Config:
     storage: StorageConfig
@@ -145,6 +177,7 @@ class Config:
     spark: SparkConfig = field(default_factory=SparkConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     exports: tuple[ExportConfig, ...] = ()
+    dedup: DedupConfig = field(default_factory=DedupConfig)
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -322,9 +355,64 @@ def _parse_exports(raw: Any) -> tuple[ExportConfig, ...]:
                 captions=_str_map(body.get("captions", d.captions) or {}, f"{where}.captions"),
                 columns=tuple(_str(c, f"{where}.columns") for c in body.get("columns") or ()),
                 seed=_int(body.get("seed", d.seed), f"{where}.seed", 0),
+                include_duplicates=_bool(
+                    body.get("include_duplicates", d.include_duplicates),
+                    f"{where}.include_duplicates",
+                ),
             )
         )
     return tuple(out)
+
+
+def _parse_dedup(raw: Any, source_names: list[str]) -> DedupConfig:
+    raw = _check_keys(raw, "dedup", _fields(DedupConfig))
+    d = DedupConfig()
+    threshold = _int(raw.get("threshold", d.threshold), "dedup.threshold", 0, 63)
+    bands = _int(raw.get("bands", d.bands), "dedup.bands", 1, 64)
+    if bands <= threshold:
+        raise ConfigError(
+            f"dedup.bands: must be greater than dedup.threshold ({threshold}), got {bands}: "
+            "a pair within the threshold must agree on at least one band"
+        )
+    priority = raw.get("source_priority") or ()
+    if not isinstance(priority, list | tuple):
+        raise ConfigError(
+            f"dedup.source_priority: expected a list of source names, got {priority!r}"
+        )
+    for i, name in enumerate(priority):
+        if name not in source_names:
+            raise ConfigError(
+                f"dedup.source_priority[{i}]: {name!r} is not a configured source "
+                f"(sources: {', '.join(source_names)})"
+            )
+    if len(set(priority)) != len(priority):
+        raise ConfigError("dedup.source_priority: a source is listed twice")
+    policy = raw.get("policy", list(d.policy))
+    if not isinstance(policy, list | tuple) or not policy:
+        raise ConfigError(f"dedup.policy: expected a non-empty list, got {policy!r}")
+    for i, key in enumerate(policy):
+        if key not in DEDUP_POLICY_KEYS:
+            raise ConfigError(
+                f"dedup.policy[{i}]: {key!r} is not one of {', '.join(DEDUP_POLICY_KEYS)}"
+            )
+    if len(set(policy)) != len(policy):
+        raise ConfigError("dedup.policy: a criterion is listed twice")
+    out = DedupConfig(
+        enabled=_bool(raw.get("enabled", d.enabled), "dedup.enabled"),
+        threshold=threshold,
+        bands=bands,
+        source_priority=tuple(priority),
+        policy=tuple(policy),
+        max_iterations=_int(
+            raw.get("max_iterations", d.max_iterations), "dedup.max_iterations", 1
+        ),
+    )
+    if out.keys_per_hash > 1000:
+        raise ConfigError(
+            f"dedup.bands: {bands} bands with threshold {threshold} make "
+            f"{out.keys_per_hash} LSH keys per hash (at most 1000); use fewer bands"
+        )
+    return out
 
 
 def _parse_source(raw: Any, index: int) -> SourceConfig:
@@ -370,6 +458,7 @@ def parse_config(raw: Any) -> Config:
         spark=_parse_spark(raw.get("spark") or {}),
         prepare=_parse_prepare(raw.get("prepare") or {}),
         exports=_parse_exports(raw.get("exports") or {}),
+        dedup=_parse_dedup(raw.get("dedup") or {}, [s.name for s in sources]),
     )
 
 

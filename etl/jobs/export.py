@@ -58,6 +58,29 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     if exp.where:
         reader = reader.option("filter", exp.where)
     curated = reader.load(curated_path)
+    duplicates = None
+    if not exp.include_duplicates:
+        from etl.jobs.dedup import non_canonical_ids
+
+        duplicates = non_canonical_ids(spark, cfg, table.version)
+    dedup_manifest = {"include_duplicates": exp.include_duplicates}
+    if duplicates is not None:
+        # Non-canonical duplicates stay in the table; the export leaves them out.
+        curated = curated.join(duplicates, "sample_id", "left_anti")
+        ids = (
+            spark.read.format("lance")
+            .option("version", str(table.version))
+            .option("columns", "sample_id")
+        )
+        if exp.where:
+            ids = ids.option("filter", exp.where)
+        expected = ids.load(curated_path).join(duplicates, "sample_id", "left_anti").count()
+        # What was left out, as content (not as a Delta version): an unchanged dedup
+        # result keeps the export key, so a rerun stays a no-op.
+        fp = duplicates.select(
+            F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64("sample_id")).alias("h")
+        ).first()
+        dedup_manifest.update(excluded_duplicates=fp["n"], excluded_fingerprint=fp["h"] or 0)
     selected = []
     for out, src in mapping.items():
         col = F.col(src)
@@ -82,7 +105,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         seed=exp.seed,
         manifest={
             "name": name, "table": curated_path, "table_version": table.version,
-            "where": exp.where, "sources": dict(mapping),
+            "where": exp.where, "sources": dict(mapping), "dedup": dedup_manifest,
         },
     )
     if result.samples != expected:
