@@ -1,0 +1,117 @@
+"""Dedup: LSH pairs, connected components, cluster policy, and the real pipeline path
+(curate -> dedup -> export) with an exact copy, a resized+recompressed copy and an
+unrelated photo."""
+
+from __future__ import annotations
+
+import io
+import random
+import shutil
+from datetime import datetime
+from importlib import resources
+
+import lance
+import pytest
+from conftest import make_config
+from PIL import Image
+
+from etl.config import ConfigError, DedupConfig
+from etl.transforms.dedup import (
+    ASSIGNMENT_COLUMNS,
+    connected_components,
+    hash_pairs,
+    lsh_masks,
+    plan_dedup,
+)
+
+
+def _flip(h: int, bits: list[int]) -> int:
+    for b in bits:
+        h ^= 1 << b
+    return h
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+def _hamming(a: int, b: int) -> int:
+    return bin((a ^ b) & ((1 << 64) - 1)).count("1")
+
+
+# ----------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    "dedup, needle",
+    [
+        ({"threshold": 4, "bands": 4}, "dedup.bands: must be greater than dedup.threshold"),
+        ({"threshold": 64}, "dedup.threshold: must be in [0, 63]"),
+        ({"source_priority": ["nope"]}, "dedup.source_priority[0]: 'nope' is not a configured"),
+        ({"policy": ["resolution", "biggest"]}, "dedup.policy[1]: 'biggest' is not one of"),
+        ({"policy": ["earliest", "earliest"]}, "dedup.policy: a criterion is listed twice"),
+        ({"threshold": 10, "bands": 40}, "dedup.bands: 40 bands with threshold 10 make"),
+        ({"treshold": 3}, "dedup: unknown key 'treshold'"),
+    ],
+)
+def test_bad_dedup_config_names_the_field(tmp_path, dedup, needle):
+    with pytest.raises(ConfigError) as err:
+        make_config(tmp_path, dedup=dedup)
+    assert needle in str(err.value)
+
+
+def test_dedup_and_export_options_parse(tmp_path):
+    cfg = make_config(
+        tmp_path,
+        dedup={"threshold": 3, "bands": 4, "source_priority": ["dummy"]},
+        exports={"all": {"include_duplicates": True}, "train": {}},
+    )
+    assert (cfg.dedup.threshold, cfg.dedup.bands, cfg.dedup.keys_per_hash) == (3, 4, 4)
+    assert cfg.export("all").include_duplicates and not cfg.export("train").include_duplicates
+
+
+# ----------------------------------------------------------------------- LSH
+
+
+@pytest.mark.parametrize("threshold, bands", [(0, 1), (3, 4), (4, 6), (6, 8)])
+def test_every_pair_within_the_threshold_shares_a_key(threshold, bands):
+    masks = lsh_masks(threshold, bands)
+    assert len(masks) == len(set(masks))
+    rng = random.Random(threshold * 100 + bands)
+    for _ in range(2000):
+        a = rng.getrandbits(64)
+        b = _flip(a, rng.sample(range(64), rng.randint(0, threshold)))
+        assert any(_signed(a) & m == _signed(b) & m for m in masks)
+
+
+def test_hash_pairs_equal_brute_force_and_only_with_a_new_side(spark):
+    rng = random.Random(7)
+    hashes = [rng.getrandbits(64) for _ in range(150)]
+    for _ in range(40):  # planted near copies, 1..6 bits away
+        hashes.append(_flip(rng.choice(hashes), rng.sample(range(64), rng.randint(1, 6))))
+    hashes = sorted({_signed(h) for h in hashes})
+    new = set(hashes[::3])
+    df = spark.createDataFrame([(h, h in new) for h in hashes], "phash long, is_new boolean")
+
+    got = {(r.a, r.b): r.distance for r in hash_pairs(df, 4, 6, all_new=False).collect()}
+    want = {
+        (a, b): _hamming(a, b)
+        for i, a in enumerate(hashes) for b in hashes[i + 1:]
+        if _hamming(a, b) <= 4 and (a in new or b in new)
+    }
+    assert want and got == want
+
+    everything = df.withColumn("is_new", df.is_new | ~df.is_new)  # a first run: all new
+    got_all = {(r.a, r.b) for r in hash_pairs(everything, 4, 6, all_new=True).collect()}
+    assert got_all == {
+        (a, b) for i, a in enumerate(hashes) for b in hashes[i + 1:] if _hamming(a, b) <= 4
+    }
+
+
+def test_connected_components_of_a_long_chain_and_a_pair(spark):
+    chain = [(f"n{i:03d}", f"n{i + 1:03d}") for i in range(40)]  # 41 nodes, one component
+    edges = spark.createDataFrame([*chain, ("x", "y"), ("y", "x"), ("z", "z")], "src string, dst string")
+    labels, rounds = connected_components(edges, max_iterations=20)
+    got = {r.node: r.label for r in labels.collect()}
+    assert got == {**{f"n{i:03d}": "n000" for i in range(41)}, "x": "x", "y": "x"}
+    assert rounds <= 10  # pointer jumping: ~log2(40) rounds, not 40
