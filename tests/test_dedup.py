@@ -115,3 +115,77 @@ def test_connected_components_of_a_long_chain_and_a_pair(spark):
     got = {r.node: r.label for r in labels.collect()}
     assert got == {**{f"n{i:03d}": "n000" for i in range(41)}, "x": "x", "y": "x"}
     assert rounds <= 10  # pointer jumping: ~log2(40) rounds, not 40
+
+
+# ----------------------------------------------------------------------- plan
+
+
+_ROW = ("sample_id string, source string, image_sha256 string, phash long, width int, "
+        "height int, original_width int, original_height int, ingested_at timestamp")
+_H = 0x0123456789ABCDEF
+_FAR = 0x7EDCBA9876543210
+
+
+def _row(sid, source, sha, phash, side, day):
+    return (sid, source, sha, phash, side, side, side, side, datetime(2026, 1, day))
+
+
+def _state(prior: dict, plan) -> dict:
+    """Apply a plan's changes and removals to a {sample_id: assignment} dict."""
+    out = {k: v for k, v in prior.items()}
+    for r in plan.removed.collect():
+        out.pop(r.sample_id)
+    for r in plan.changes.collect():
+        out[r.sample_id] = r.asDict()
+    return out
+
+
+def test_plan_policy_then_incremental_keeps_ids_and_reassigns_canonical(spark):
+    cfg = DedupConfig(threshold=4, bands=6, source_priority=("s2", "s1"))
+    first = [
+        _row("a1", "s1", "A", _H, 100, 1),
+        _row("a2", "s2", "A", _H, 100, 2),             # exact copy, preferred source
+        _row("a3", "s1", "B", _H ^ 0b10101, 50, 1),    # near copy (3 bits), smaller
+        _row("b1", "s1", "C", _FAR, 100, 1),           # unrelated
+        _row("c1", "s1", "E", 42, 80, 3),
+        _row("c2", "s1", "F", 42 ^ (1 << 40), 80, 2),  # same size and source: earliest wins
+    ]
+    plan = plan_dedup(spark.createDataFrame(first, _ROW), None, cfg, "r1")
+    state = _state({}, plan)
+    view = {k: (v["dup_cluster_id"], v["is_canonical"], v["dup_kind"], v["cluster_size"])
+            for k, v in state.items()}
+    assert view == {
+        "a1": ("a2", False, "exact", 3), "a2": ("a2", True, "canonical", 3),
+        "a3": ("a2", False, "near", 3), "b1": ("b1", True, "unique", 1),
+        "c1": ("c2", False, "near", 2), "c2": ("c2", True, "canonical", 2),
+    }
+    assert plan.new_rows == 6 and plan.removed.count() == 0
+
+    prior = spark.createDataFrame(
+        [tuple(v[c] for c in ASSIGNMENT_COLUMNS) for v in state.values()],
+        "sample_id string, source string, image_sha256 string, phash long, "
+        "dup_cluster_id string, is_canonical boolean, dup_kind string, cluster_size long, "
+        "run_id string",
+    )
+    # Next night: a2 (the canonical) is gone, a bigger near copy and an exact copy of b1
+    # arrive, and a1's file was replaced by an unrelated image.
+    second = [r for r in first if r[0] not in ("a1", "a2")] + [
+        _row("a1", "s1", "Z", 0x5A5A5A5A5A5A5A5A, 100, 1),
+        _row("a4", "s1", "D", _signed(_H ^ (1 << 63)), 200, 5),
+        _row("b2", "s2", "C", _FAR, 100, 5),
+    ]
+    plan2 = plan_dedup(spark.createDataFrame(second, _ROW), prior, cfg, "r2")
+    assert plan2.new_rows == 3  # a1 (changed), a4, b2
+    assert {r.sample_id for r in plan2.removed.collect()} == {"a2"}
+    changed = {r.sample_id for r in plan2.changes.collect()}
+    assert changed == {"a1", "a3", "a4", "b1", "b2"}  # c1, c2 untouched
+    assert all(r.run_id == "r2" for r in plan2.changes.collect())
+    state2 = _state(state, plan2)
+    view2 = {k: (v["dup_cluster_id"], v["is_canonical"], v["dup_kind"], v["cluster_size"])
+             for k, v in state2.items()}
+    assert view2 == {
+        "a3": ("a2", False, "near", 2), "a4": ("a2", True, "canonical", 2),  # id kept
+        "a1": ("a1", True, "unique", 1),
+        "b1": ("b1", False, "exact", 2), "b2": ("b1", True, "canonical", 2),  # s2 first
+        "c1": ("c2", False, "near", 2), "c2": ("c2", True, "canonical", 2),
+    }
