@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import random
-import shutil
 from datetime import datetime
 from importlib import resources
 
@@ -110,7 +109,9 @@ def test_hash_pairs_equal_brute_force_and_only_with_a_new_side(spark):
 
 def test_connected_components_of_a_long_chain_and_a_pair(spark):
     chain = [(f"n{i:03d}", f"n{i + 1:03d}") for i in range(40)]  # 41 nodes, one component
-    edges = spark.createDataFrame([*chain, ("x", "y"), ("y", "x"), ("z", "z")], "src string, dst string")
+    edges = spark.createDataFrame(
+        [*chain, ("x", "y"), ("y", "x"), ("z", "z")], "src string, dst string"
+    )
     labels, rounds = connected_components(edges, max_iterations=20)
     got = {r.node: r.label for r in labels.collect()}
     assert got == {**{f"n{i:03d}": "n000" for i in range(41)}, "x": "x", "y": "x"}
@@ -189,3 +190,110 @@ def test_plan_policy_then_incremental_keeps_ids_and_reassigns_canonical(spark):
         "b1": ("b1", False, "exact", 2), "b2": ("b1", True, "canonical", 2),  # s2 first
         "c1": ("c2", False, "near", 2), "c2": ("c2", True, "canonical", 2),
     }
+
+
+# ----------------------------------------------------------------------- pipeline
+
+
+def _skimage_bytes(name: str) -> bytes:
+    return resources.files("skimage").joinpath("data", name).read_bytes()
+
+
+def _reencoded(name: str, size: tuple[int, int], fmt: str, **kw) -> bytes:
+    im = Image.open(io.BytesIO(_skimage_bytes(name))).convert("RGB")
+    buf = io.BytesIO()
+    im.resize(size, Image.Resampling.LANCZOS).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def _exported_ids(path: str) -> list[str]:
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    ds = StreamingDataset(local=path, shuffle=False, batch_size=1)
+    return sorted(ds[i]["sample_id"] for i in range(len(ds)))
+
+
+@pytest.mark.slow
+def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_path):
+    from etl.jobs.run import format_summary, run
+    from etl.session import register_lance_views
+
+    photos = tmp_path / "in" / "photos"
+    files = {
+        "orig/astronaut.png": _skimage_bytes("astronaut.png"),
+        "copies/astronaut_copy.png": _skimage_bytes("astronaut.png"),  # exact byte copy
+        "copies/astronaut_small.jpg": _reencoded("astronaut.png", (256, 256), "JPEG", quality=80),
+        "other/coffee.png": _skimage_bytes("coffee.png"),  # unrelated
+    }
+    for rel, data in files.items():
+        (photos / rel).parent.mkdir(parents=True, exist_ok=True)
+        (photos / rel).write_bytes(data)
+    cfg = make_config(
+        tmp_path,
+        sources=[{"name": "photos", "kind": "image_folder", "path": str(photos)}],
+        exports={"train": {"partitions": 1},
+                 "everything": {"partitions": 1, "include_duplicates": True}},
+    )
+
+    def state():
+        table = lance.dataset(cfg.storage.lance_table("curated"))
+        keys = {r["sample_id"]: r["source_key"]
+                for r in table.to_table(columns=["sample_id", "source_key"]).to_pylist()}
+        rows = spark.read.format("delta").load(cfg.storage.delta_table("dedup")).collect()
+        assert sorted(keys) == sorted(r.sample_id for r in rows)  # every row annotated
+        return {keys[r.sample_id]: r for r in rows}, {v: k for k, v in keys.items()}
+
+    _, cur, exports = run(cfg)
+    s1, ids = state()
+    astro = s1["orig/astronaut.png"].dup_cluster_id
+    assert s1["copies/astronaut_copy.png"].dup_cluster_id == astro
+    assert s1["copies/astronaut_small.jpg"].dup_cluster_id == astro
+    assert s1["other/coffee.png"].dup_cluster_id != astro
+    assert (s1["other/coffee.png"].dup_kind, s1["other/coffee.png"].cluster_size) == ("unique", 1)
+    # Same size, source and ingest time: the smaller sample_id is canonical.
+    first = min(ids["orig/astronaut.png"], ids["copies/astronaut_copy.png"])
+    assert astro == first
+    kinds = {k: (r.is_canonical, r.dup_kind) for k, r in s1.items()}
+    twin = [k for k in ("orig/astronaut.png", "copies/astronaut_copy.png") if ids[k] != first]
+    assert kinds[twin[0]] == (False, "exact")
+    assert kinds["copies/astronaut_small.jpg"] == (False, "near")
+    # Stats per source, and the exports: duplicates left out unless asked for.
+    d = cur.dedup
+    assert (d.counts[0].rows, d.counts[0].exact, d.counts[0].near, d.clusters) == (4, 1, 1, 1)
+    assert "exact rate" in format_summary("r", cur, exports)
+    assert _exported_ids(cfg.storage.export_dir("train")) == sorted(
+        [first, ids["other/coffee.png"]])
+    assert len(_exported_ids(cfg.storage.export_dir("everything"))) == 4
+    register_lance_views(spark, cfg)
+    row = spark.sql("SELECT * FROM dup_clusters").collect()
+    assert [(r.dup_cluster_id, r.cluster_size, r.canonical_sample_id, r.sources) for r in row] \
+        == [(astro, 3, first, ["photos"])]
+    assert spark.sql("SELECT count(*) FROM curated WHERE is_canonical").first()[0] == 2
+
+    # Rerun, nothing new: same ids, nothing changed.
+    _, cur2, _ = run(cfg, stages=("curate", "dedup"))
+    s2, _ = state()
+    assert cur2.dedup.mode == "incremental" and cur2.dedup.changed == 0
+    assert {k: r.dup_cluster_id for k, r in s2.items()} == {
+        k: r.dup_cluster_id for k, r in s1.items()}
+
+    # New rows: a bigger copy of the astronaut (becomes canonical), a recompressed
+    # coffee (joins the coffee row, which keeps its id).
+    (photos / "new").mkdir()
+    (photos / "new/astronaut_big.png").write_bytes(
+        _reencoded("astronaut.png", (1024, 1024), "PNG"))
+    (photos / "new/coffee.jpg").write_bytes(_reencoded("coffee.png", (400, 300), "JPEG",
+                                                       quality=85))
+    _, cur3, _ = run(cfg, export_names=("train",))
+    s3, ids3 = state()
+    assert cur3.dedup.new_rows == 2
+    for key, r in s1.items():
+        assert s3[key].dup_cluster_id == r.dup_cluster_id, key
+    assert s3["new/astronaut_big.png"].dup_cluster_id == astro
+    assert s3["new/astronaut_big.png"].is_canonical
+    assert s3["new/coffee.jpg"].dup_cluster_id == ids3["other/coffee.png"]
+    assert not s3["new/coffee.jpg"].is_canonical  # same size; the earlier row wins
+    assert _exported_ids(cfg.storage.export_dir("train")) == sorted(
+        [ids3["new/astronaut_big.png"], ids3["other/coffee.png"]])
