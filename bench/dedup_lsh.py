@@ -82,6 +82,7 @@ def main() -> None:
         "storage": {"root": work},
         "spark": {"master": "local[*]", "jars_dir": str(repo / ".jars"), "conf": {
             "spark.driver.memory": args.memory, "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
             "spark.sql.shuffle.partitions": str(args.partitions)}},
         "sources": [{"name": "bench", "kind": "image_folder", "path": work}],
     })
