@@ -69,6 +69,28 @@ def test_dedup_and_export_options_parse(tmp_path):
     assert cfg.export("all").include_duplicates and not cfg.export("train").include_duplicates
 
 
+def test_cli_dedup_bad_config_and_missing_table_fail_before_spark(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    conf = {"storage": {"root": str(tmp_path / "data")},
+            "sources": [{"name": "pics", "kind": "image_folder", "path": str(tmp_path)}],
+            "dedup": {"threshold": 5, "bands": 5}}
+    path = tmp_path / "conf.yaml"
+    path.write_text(yaml.safe_dump(conf))
+    res = subprocess.run([sys.executable, "-m", "etl.cli", "dedup", "--conf", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "dedup.bands: must be greater than" in res.stderr
+    conf["dedup"] = {}
+    path.write_text(yaml.safe_dump(conf))
+    res = subprocess.run([sys.executable, "-m", "etl.cli", "dedup", "--conf", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "run `lakeshard curate` first" in res.stderr
+    assert "SparkSession" not in res.stderr
+
+
 # ----------------------------------------------------------------------- LSH
 
 
