@@ -288,6 +288,10 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     assert _exported_ids(cfg.storage.export_dir("train")) == sorted(
         [first, ids["other/coffee.png"]])
     assert len(_exported_ids(cfg.storage.export_dir("everything"))) == 4
+    from etl.jobs.verify_export import verify_export
+
+    report = verify_export(cfg.storage.export_dir("train"))  # table rows - duplicates
+    assert report.ok, report.problems
     register_lance_views(spark, cfg)
     row = spark.sql("SELECT * FROM dup_clusters").collect()
     assert [(r.dup_cluster_id, r.cluster_size, r.canonical_sample_id, r.sources) for r in row] \

@@ -74,13 +74,15 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         )
         if exp.where:
             ids = ids.option("filter", exp.where)
+        matching = expected
         expected = ids.load(curated_path).join(duplicates, "sample_id", "left_anti").count()
         # What was left out, as content (not as a Delta version): an unchanged dedup
         # result keeps the export key, so a rerun stays a no-op.
-        fp = duplicates.select(
-            F.count(F.lit(1)).alias("n"), F.bit_xor(F.xxhash64("sample_id")).alias("h")
-        ).first()
-        dedup_manifest.update(excluded_duplicates=fp["n"], excluded_fingerprint=fp["h"] or 0)
+        fp = duplicates.select(F.bit_xor(F.xxhash64("sample_id")).alias("h")).first()
+        # excluded_duplicates: rows matching `where` left out (verify-export subtracts it).
+        dedup_manifest.update(
+            excluded_duplicates=matching - expected, duplicates_fingerprint=fp["h"] or 0
+        )
     selected = []
     for out, src in mapping.items():
         col = F.col(src)
