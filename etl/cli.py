@@ -51,6 +51,25 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_dedup(args) -> int:
+    from etl.jobs.dedup import dedup, format_dedup
+    from etl.jobs.run import new_run_id
+    from etl.session import get_spark
+
+    cfg = _load(args)
+    import lance
+
+    try:  # fail before Spark when there is nothing to dedup
+        lance.dataset(cfg.storage.lance_table("curated"))
+    except (ValueError, OSError):
+        raise FileNotFoundError(
+            f"no curated table at {cfg.storage.lance_table('curated')}: "
+            "run `lakeshard curate` first"
+        ) from None
+    print(format_dedup(dedup(get_spark(cfg), cfg, new_run_id(), full=args.full)))
+    return 0
+
+
 def _cmd_samples(args) -> int:
     from etl.samples import ensure_samples
 
@@ -269,6 +288,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="export the curated table to MDS")
     p.add_argument("--name", action="append", default=[], help="export name (repeatable)")
     p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser(
+        "dedup", help="annotate exact and near duplicates of the curated table (Delta dedup)"
+    )
+    p.add_argument(
+        "--full", action="store_true",
+        help="recompare every row (default: new rows against everything)",
+    )
+    p.set_defaults(func=_cmd_dedup)
 
     p = sub.add_parser("verify-export", help="check an export: counts, hashes, every image")
     p.add_argument("name", help="export name under `exports:`")

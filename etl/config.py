@@ -33,6 +33,8 @@ __all__ = [
     "LatentsConfig",
     "LakehouseConfig",
     "EmbeddingConfig",
+    "DedupConfig",
+    "DEDUP_POLICY_KEYS",
     "load_config",
     "parse_config",
     "default_config_text",
@@ -140,6 +142,8 @@ class ExportConfig:
     # per caption: latent_<caption key>_<encoder>, attention_mask_<caption key>_<encoder>.
     # Empty (the default): latents are computed online by the training loop.
     latents: tuple[str, ...] = ()
+    # False: leave out rows dedup marked as non-canonical duplicates (is_canonical=false).
+    include_duplicates: bool = False
 
 
 @dataclass(frozen=True)
@@ -294,6 +298,34 @@ class LatentsConfig:
         raise ConfigError(f"latents.encoders: no encoder named {name!r} (configured: {known})")
 
 
+# Criteria the canonical member of a duplicate cluster is chosen by, in config order.
+DEDUP_POLICY_KEYS = ("resolution", "source_priority", "earliest")
+
+
+@dataclass(frozen=True)
+class DedupConfig:
+    """Exact + near-duplicate annotation (etl/transforms/dedup.py)."""
+
+    enabled: bool = True
+    # Near duplicates: 64-bit dHashes at most this many bits apart.
+    threshold: int = 4
+    # The hash is cut into `bands` blocks; candidate pairs agree exactly on at least
+    # `bands - threshold` of them (every such combination is one LSH key), so every pair
+    # within the threshold is found (pigeonhole). bands = threshold + 1 is classic banding.
+    bands: int = 6
+    # Source names, best first, for the `source_priority` criterion.
+    source_priority: tuple[str, ...] = ()
+    policy: tuple[str, ...] = DEDUP_POLICY_KEYS
+    # Bound on connected-components rounds (each round at least halves long chains).
+    max_iterations: int = 40
+
+    @property
+    def keys_per_hash(self) -> int:
+        import math
+
+        return math.comb(self.bands, self.bands - self.threshold)
+
+
 @dataclass(frozen=True)
 class Config:
     storage: StorageConfig
@@ -304,6 +336,7 @@ class Config:
     caption: CaptionConfig = field(default_factory=CaptionConfig)
     latents: LatentsConfig = field(default_factory=LatentsConfig)
     lakehouse: LakehouseConfig = field(default_factory=LakehouseConfig)
+    dedup: DedupConfig = field(default_factory=DedupConfig)
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -525,6 +558,10 @@ def _parse_exports(raw: Any) -> tuple[ExportConfig, ...]:
                 buckets=_parse_buckets(body.get("buckets"), f"{where}.buckets"),
                 path=_export_path(body.get("path"), f"{where}.path"),
                 latents=_latent_names(body.get("latents"), f"{where}.latents"),
+                include_duplicates=_bool(
+                    body.get("include_duplicates", d.include_duplicates),
+                    f"{where}.include_duplicates",
+                ),
             )
         )
     return tuple(out)
@@ -626,6 +663,8 @@ def _parse_caption(raw: Any) -> CaptionConfig:
             f"({', '.join(v.name for v in versions) or 'none'})"
         )
     return CaptionConfig(versions=tuple(versions), default=default)
+
+
 def _latent_names(raw: Any, where: str) -> tuple[str, ...]:
     if raw is None:
         return ()
@@ -689,6 +728,57 @@ def _parse_latents(raw: Any) -> LatentsConfig:
             )
         )
     return LatentsConfig(captions=captions, encoders=tuple(out))
+
+
+def _parse_dedup(raw: Any, source_names: list[str]) -> DedupConfig:
+    raw = _check_keys(raw, "dedup", _fields(DedupConfig))
+    d = DedupConfig()
+    threshold = _int(raw.get("threshold", d.threshold), "dedup.threshold", 0, 63)
+    bands = _int(raw.get("bands", d.bands), "dedup.bands", 1, 64)
+    if bands <= threshold:
+        raise ConfigError(
+            f"dedup.bands: must be greater than dedup.threshold ({threshold}), got {bands}: "
+            "a pair within the threshold must agree on at least one band"
+        )
+    priority = raw.get("source_priority") or ()
+    if not isinstance(priority, list | tuple):
+        raise ConfigError(
+            f"dedup.source_priority: expected a list of source names, got {priority!r}"
+        )
+    for i, name in enumerate(priority):
+        if name not in source_names:
+            raise ConfigError(
+                f"dedup.source_priority[{i}]: {name!r} is not a configured source "
+                f"(sources: {', '.join(source_names)})"
+            )
+    if len(set(priority)) != len(priority):
+        raise ConfigError("dedup.source_priority: a source is listed twice")
+    policy = raw.get("policy", list(d.policy))
+    if not isinstance(policy, list | tuple) or not policy:
+        raise ConfigError(f"dedup.policy: expected a non-empty list, got {policy!r}")
+    for i, key in enumerate(policy):
+        if key not in DEDUP_POLICY_KEYS:
+            raise ConfigError(
+                f"dedup.policy[{i}]: {key!r} is not one of {', '.join(DEDUP_POLICY_KEYS)}"
+            )
+    if len(set(policy)) != len(policy):
+        raise ConfigError("dedup.policy: a criterion is listed twice")
+    out = DedupConfig(
+        enabled=_bool(raw.get("enabled", d.enabled), "dedup.enabled"),
+        threshold=threshold,
+        bands=bands,
+        source_priority=tuple(priority),
+        policy=tuple(policy),
+        max_iterations=_int(
+            raw.get("max_iterations", d.max_iterations), "dedup.max_iterations", 1
+        ),
+    )
+    if out.keys_per_hash > 1000:
+        raise ConfigError(
+            f"dedup.bands: {bands} bands with threshold {threshold} make "
+            f"{out.keys_per_hash} LSH keys per hash (at most 1000); use fewer bands"
+        )
+    return out
 
 
 def _parse_source(raw: Any, index: int) -> SourceConfig:
@@ -820,6 +910,7 @@ def parse_config(raw: Any) -> Config:
         exports=exports,
         latents=latents,
         lakehouse=_parse_lakehouse(raw.get("lakehouse") or {}),
+        dedup=_parse_dedup(raw.get("dedup") or {}, [s.name for s in sources]),
     )
 
 

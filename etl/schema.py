@@ -16,6 +16,8 @@ __all__ = [
     "CURATED_SCHEMA",
     "CURATED_COLUMNS",
     "REJECTS_SCHEMA",
+    "DEDUP_SCHEMA",
+    "DUP_KINDS",
     "sample_id_col",
 ]
 
@@ -84,6 +86,23 @@ REJECTS_SCHEMA = T.StructType(
         T.StructField("stage", T.StringType(), False),
         T.StructField("reason", T.StringType(), False),
         T.StructField("detail", T.StringType(), True),
+        T.StructField("run_id", T.StringType(), False),
+    ]
+)
+
+# The Delta `dedup` table: one row per curated sample, its duplicate cluster and role.
+# dup_kind is the row's relation to its cluster's canonical member (DUP_KINDS).
+DUP_KINDS = ("unique", "canonical", "exact", "near")
+DEDUP_SCHEMA = T.StructType(
+    [
+        T.StructField("sample_id", T.StringType(), False),
+        T.StructField("source", T.StringType(), False),
+        T.StructField("image_sha256", T.StringType(), False),
+        T.StructField("phash", T.LongType(), False),
+        T.StructField("dup_cluster_id", T.StringType(), False),
+        T.StructField("is_canonical", T.BooleanType(), False),
+        T.StructField("dup_kind", T.StringType(), False),
+        T.StructField("cluster_size", T.LongType(), False),
         T.StructField("run_id", T.StringType(), False),
     ]
 )

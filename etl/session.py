@@ -93,7 +93,8 @@ def get_spark(cfg: Config) -> SparkSession:
 
 def register_lance_views(spark: SparkSession, cfg: Config) -> list[str]:
     """Create a temporary view per Lance table under ``<root>/lance/<namespace>/``
-    (``curated`` for ``curated.lance``), so analysts can ``spark.sql`` them."""
+    (``curated`` for ``curated.lance``), so analysts can ``spark.sql`` them; plus the
+    dedup views (:func:`etl.jobs.dedup.register_dedup_views`) once dedup has run."""
     lance_dir = cfg.storage.lance_dir
     if "://" in lance_dir:
         raise ConfigError("register_lance_views lists local folders only; use format('lance')")
@@ -102,4 +103,8 @@ def register_lance_views(spark: SparkSession, cfg: Config) -> list[str]:
         name = table.name[: -len(".lance")]
         spark.read.format("lance").load(str(table)).createOrReplaceTempView(name)
         names.append(name)
-    return names
+    # With a dedup table: `dedup`, `dup_clusters`, and `curated` with its columns joined.
+    from etl.jobs.dedup import register_dedup_views
+
+    extra = register_dedup_views(spark, cfg)
+    return names + [n for n in extra if n not in names]

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from etl.config import Config
+from etl.jobs.dedup import DedupResult
 from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.samples import ensure_samples
 from etl.sources import adapter_for, finish_ingest
@@ -51,6 +52,8 @@ class CurateResult:
     curated_rows: int
     rejects_path: str
     counts: tuple[SourceCounts, ...]
+    # Set by `lakeshard run` when the dedup stage ran after curate (etl.jobs.dedup).
+    dedup: DedupResult | None = None
 
 
 def preflight(cfg: Config) -> None:

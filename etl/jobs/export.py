@@ -84,6 +84,31 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     if exp.where:
         reader = reader.option("filter", exp.where)
     curated = reader.load(curated_path)
+    duplicates = None
+    if not exp.include_duplicates:
+        from etl.jobs.dedup import non_canonical_ids
+
+        duplicates = non_canonical_ids(spark, cfg, table.version)
+    dedup_manifest = {"include_duplicates": exp.include_duplicates}
+    if duplicates is not None:
+        # Non-canonical duplicates stay in the table; the export leaves them out.
+        curated = curated.join(duplicates, "sample_id", "left_anti")
+        ids = (
+            spark.read.format("lance")
+            .option("version", str(table.version))
+            .option("columns", "sample_id")
+        )
+        if exp.where:
+            ids = ids.option("filter", exp.where)
+        matching = expected
+        expected = ids.load(curated_path).join(duplicates, "sample_id", "left_anti").count()
+        # What was left out, as content (not as a Delta version): an unchanged dedup
+        # result keeps the export key, so a rerun stays a no-op.
+        fp = duplicates.select(F.bit_xor(F.xxhash64("sample_id")).alias("h")).first()
+        # excluded_duplicates: rows matching `where` left out (verify-export subtracts it).
+        dedup_manifest.update(
+            excluded_duplicates=matching - expected, duplicates_fingerprint=fp["h"] or 0
+        )
     selected = [F.col(ROW_ADDRESS)]
     for out, src in mapping.items():
         if out in fetched:
@@ -114,7 +139,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         encodings=encodings or None,
         manifest={
             "name": name, "table": curated_path, "table_version": table.version,
-            "where": exp.where, "sources": dict(mapping),
+            "where": exp.where, "sources": dict(mapping), "dedup": dedup_manifest,
         },
     )
     if result.samples != expected:

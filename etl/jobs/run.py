@@ -1,4 +1,4 @@
-"""`lakeshard run`: curate then export every configured export, then a summary."""
+"""`lakeshard run`: curate, dedup, then export every configured export; a summary."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import json
 import logging
 import os
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 
 from etl.config import Config
 from etl.jobs.curate import CurateResult, curate, preflight
+from etl.jobs.dedup import dedup, format_dedup
 from etl.jobs.export import export
 from etl.session import get_spark
 from etl.writers.mds import ExportResult
@@ -47,6 +48,8 @@ def format_summary(run_id: str, cur: CurateResult | None, exports: list[ExportRe
             f"{cur.curated_rows} rows",
             f"rejects (Delta) : {cur.rejects_path}",
         ]
+        if cur.dedup is not None:
+            lines += ["", format_dedup(cur.dedup), ""]
     for e in exports:
         resumed = f", {e.resumed_partitions} partition(s) reused" if e.resumed_partitions else ""
         lines.append(
@@ -76,7 +79,7 @@ def write_summary(
     return path
 
 
-def run(cfg: Config, *, stages: tuple[str, ...] = ("curate", "export"),
+def run(cfg: Config, *, stages: tuple[str, ...] = ("curate", "dedup", "export"),
         export_names: tuple[str, ...] | None = None) -> tuple[str, CurateResult | None,
                                                                list[ExportResult]]:
     """Run the given stages; validate everything that can be validated first."""
@@ -88,6 +91,8 @@ def run(cfg: Config, *, stages: tuple[str, ...] = ("curate", "export"),
     run_id = new_run_id()
     spark = get_spark(cfg)
     cur = curate(spark, cfg, run_id) if "curate" in stages else None
+    if cur is not None and "dedup" in stages and cfg.dedup.enabled:
+        cur = replace(cur, dedup=dedup(spark, cfg, run_id))
     exports = [export(spark, cfg, n) for n in names] if "export" in stages else []
     write_summary(cfg, run_id, cur, exports)
     return run_id, cur, exports

@@ -1,0 +1,389 @@
+"""Duplicate clusters: exact (same ``image_sha256``) and near (64-bit dHashes at most
+``threshold`` bits apart), annotated on every row, nothing deleted.
+
+The steps, each a DataFrame -> DataFrame function (no I/O; the job reads and writes):
+
+1. :func:`hash_pairs` -- near-duplicate search without an all-pairs join. Every
+   distinct hash is cut into ``bands`` blocks; each combination of ``bands - threshold``
+   blocks is one LSH key (the hash with the other blocks masked out). Two hashes at most
+   ``threshold`` bits apart differ in at most ``threshold`` blocks, so they agree on at
+   least one key (pigeonhole): recall is exact, and every candidate pair is verified by
+   its true Hamming distance (``bit_count(a ^ b)``), so precision is exact too. With
+   ``bands = threshold + 1`` this is classic banding. Only buckets that hold a *new*
+   hash are expanded, and only pairs with a new side are kept: a nightly run compares
+   new rows with everything, never old rows with old rows again.
+2. :func:`connected_components` -- min-label propagation with pointer jumping, in Spark.
+3. :func:`plan_dedup` -- the graph of new rows, already-known clusters (one node each)
+   and hashes; its components become clusters, a canonical member is picked by policy,
+   and only rows whose assignment changed come out (plus the ids that left the table).
+
+Cluster ids are stable: a cluster that already exists keeps its id when rows join it
+(when clusters merge, the id carried by the most members wins, ties to the smallest);
+a new cluster is named after its canonical member's ``sample_id``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from etl.config import DedupConfig
+
+__all__ = [
+    "ROW_COLUMNS",
+    "ASSIGNMENT_COLUMNS",
+    "lsh_masks",
+    "hash_pairs",
+    "connected_components",
+    "canonical_order",
+    "DedupPlan",
+    "plan_dedup",
+]
+
+log = logging.getLogger(__name__)
+
+# The curated columns dedup reads (no image bytes).
+ROW_COLUMNS = (
+    "sample_id", "source", "image_sha256", "phash", "width", "height",
+    "original_width", "original_height", "ingested_at",
+)
+# What dedup records per row (etl.schema.DEDUP_SCHEMA, in order).
+ASSIGNMENT_COLUMNS = (
+    "sample_id", "source", "image_sha256", "phash", "dup_cluster_id", "is_canonical",
+    "dup_kind", "cluster_size", "run_id",
+)
+
+
+def _signed(value: int) -> int:
+    return value - (1 << 64) if value >= (1 << 63) else value
+
+
+def lsh_masks(threshold: int, bands: int) -> list[int]:
+    """One 64-bit mask (signed, like ``phash``) per combination of ``bands - threshold``
+    of the ``bands`` contiguous blocks of the hash."""
+    if not 0 <= threshold < bands <= 64:
+        raise ValueError(f"need 0 <= threshold < bands <= 64, got {threshold}, {bands}")
+    bounds = [round(i * 64 / bands) for i in range(bands + 1)]
+    blocks = [((1 << (hi - lo)) - 1) << lo for lo, hi in itertools.pairwise(bounds)]
+    masks = []
+    for combo in itertools.combinations(range(bands), bands - threshold):
+        mask = 0
+        for i in combo:
+            mask |= blocks[i]
+        masks.append(_signed(mask))
+    return masks
+
+
+def hash_pairs(hashes: DataFrame, threshold: int, bands: int, *, all_new: bool) -> DataFrame:
+    """Verified near pairs among distinct hashes.
+
+    `hashes` has one row per distinct ``phash`` and a boolean ``is_new``. Returns
+    ``(a, b, distance)`` with ``a < b``, ``0 < distance <= threshold`` and at least one
+    of them new. `all_new` (a first or full run) skips restricting buckets to new keys.
+    """
+    masks = lsh_masks(threshold, bands)
+    keyed = hashes.select(
+        "phash",
+        "is_new",
+        F.posexplode(
+            F.array(*[F.col("phash").bitwiseAND(F.lit(m).cast("long")) for m in masks])
+        ).alias("key_id", "key"),
+    )
+    if not all_new:
+        new_keys = keyed.where("is_new").select("key_id", "key").distinct()
+        keyed = keyed.join(new_keys, ["key_id", "key"], "left_semi")
+    buckets = (
+        keyed.groupBy("key_id", "key")
+        .agg(F.array_sort(F.collect_list(F.struct("phash", "is_new"))).alias("m"))
+        .where(F.size("m") > 1)
+    )
+    # Every pair (m[i], m[j]), i < j, of a bucket sorted by hash.
+    pairs = buckets.select(
+        F.explode(
+            F.expr(
+                "flatten(transform(sequence(0, size(m) - 2), i -> "
+                "transform(slice(m, i + 2, size(m) - i - 1), "
+                "y -> named_struct('x', m[i], 'y', y))))"
+            )
+        ).alias("p")
+    )
+    distance = F.bit_count(F.col("p.x.phash").bitwiseXOR(F.col("p.y.phash")))
+    return (
+        pairs.where(F.col("p.x.is_new") | F.col("p.y.is_new"))
+        .select(
+            F.col("p.x.phash").alias("a"),
+            F.col("p.y.phash").alias("b"),
+            distance.cast("int").alias("distance"),
+        )
+        .where(F.col("distance") <= threshold)
+        .distinct()
+    )
+
+
+def connected_components(edges: DataFrame, max_iterations: int) -> tuple[DataFrame, int]:
+    """``(node, label)`` for every node of the undirected graph `edges` (``src``, ``dst``):
+    label = the smallest node of its component. Min-label propagation plus pointer
+    jumping (a node also takes its label's label), so chains collapse in about
+    log2(length) rounds. Each round is checkpointed; stops when no label changes."""
+    both = (
+        edges.select("src", "dst")
+        .unionByName(edges.select(F.col("dst").alias("src"), F.col("src").alias("dst")))
+        .where(F.col("src") != F.col("dst"))
+        .distinct()
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    labels = (
+        both.groupBy(F.col("src").alias("node"))
+        .agg(F.least(F.min("dst"), F.first("src")).alias("label"))
+        .localCheckpoint(eager=True)
+    )
+    rounds = 0
+    while True:
+        rounds += 1
+        if rounds > max_iterations:
+            both.unpersist()
+            raise RuntimeError(
+                f"connected components did not converge in {max_iterations} rounds "
+                "(dedup.max_iterations)"
+            )
+        offered = (
+            both.join(labels.withColumnsRenamed({"node": "dst", "label": "offer"}), "dst")
+            .groupBy(F.col("src").alias("node"))
+            .agg(F.min("offer").alias("offer"))
+        )
+        step = labels.join(offered, "node").select(
+            "node", F.least("label", "offer").alias("label")
+        )
+        jumped = (
+            step.alias("s")
+            .join(step.alias("t"), F.col("s.label") == F.col("t.node"))
+            .select(F.col("s.node"), F.least("s.label", "t.label").alias("label"))
+            .localCheckpoint(eager=True)
+        )
+        changed = (
+            jumped.join(labels.withColumnRenamed("label", "old"), "node")
+            .where(F.col("label") != F.col("old"))
+            .count()
+        )
+        labels = jumped
+        if changed == 0:
+            break
+    both.unpersist()
+    return labels, rounds
+
+
+def canonical_order(policy: tuple[str, ...], source_priority: tuple[str, ...]) -> list[Column]:
+    """Sort order inside a cluster; the first row is canonical. ``sample_id`` breaks ties
+    so the choice never depends on row order."""
+    order: list[Column] = []
+    for key in policy:
+        if key == "resolution":
+            order += [
+                (F.col("original_width").cast("long") * F.col("original_height")).desc(),
+                (F.col("width").cast("long") * F.col("height")).desc(),
+            ]
+        elif key == "source_priority":
+            rank = F.lit(len(source_priority))
+            for i, name in reversed(list(enumerate(source_priority))):
+                rank = F.when(F.col("source") == name, F.lit(i)).otherwise(rank)
+            order.append(rank.asc())
+        elif key == "earliest":
+            order.append(F.col("ingested_at").asc())
+        else:
+            raise ValueError(f"unknown dedup policy criterion {key!r}")
+    return [*order, F.col("sample_id").asc()]
+
+
+@dataclass
+class DedupPlan:
+    """What a dedup run changes. `changes` and `removed` are checkpointed DataFrames."""
+
+    changes: DataFrame  # ASSIGNMENT_COLUMNS: rows that are new or whose assignment changed
+    removed: DataFrame  # sample_id: rows dedup knew that the curated table no longer has
+    new_rows: int
+    pairs: int
+    rounds: int
+
+
+def _node(prefix: str, col: str) -> Column:
+    return F.concat(F.lit(prefix), F.col(col).cast("string"))
+
+
+def plan_dedup(
+    current: DataFrame,
+    prior: DataFrame | None,
+    cfg: DedupConfig,
+    run_id: str,
+    *,
+    full: bool = False,
+) -> DedupPlan:
+    """Cluster assignments for the curated rows `current` (ROW_COLUMNS), given the
+    previous assignments `prior` (ASSIGNMENT_COLUMNS; None on a first run).
+
+    Incremental (default): rows whose id, image hash and dHash are already in `prior`
+    keep their cluster; each such cluster is one node of the graph, so old pairs are
+    never searched again. `full`: every row is treated as new (a changed threshold or
+    band count); `prior` then only decides which rows changed.
+    """
+    cur = current.select(*ROW_COLUMNS)
+    if prior is None or full:
+        rows = cur.withColumns({"_new": F.lit(True), "_old_cid": F.lit(None).cast("string")})
+    else:
+        p = prior.select(
+            "sample_id",
+            F.col("image_sha256").alias("_p_sha"),
+            F.col("phash").alias("_p_phash"),
+            F.col("dup_cluster_id").alias("_p_cid"),
+        )
+        same = (F.col("_p_sha") == F.col("image_sha256")) & (F.col("_p_phash") == F.col("phash"))
+        rows = (
+            cur.join(p, "sample_id", "left")
+            .withColumn("_new", ~F.coalesce(same, F.lit(False)))
+            .withColumn("_old_cid", F.when(~F.col("_new"), F.col("_p_cid")))
+            .select(*ROW_COLUMNS, "_new", "_old_cid")
+        )
+    rows = rows.localCheckpoint(eager=True)
+    new_rows = rows.where("_new").count()
+
+    hashes = rows.groupBy("phash").agg(
+        F.count(F.lit(1)).alias("n"), F.max("_new").alias("is_new")
+    ).persist(StorageLevel.MEMORY_AND_DISK)
+    pairs = hash_pairs(
+        hashes.select("phash", "is_new"), cfg.threshold, cfg.bands,
+        all_new=prior is None or full,
+    ).localCheckpoint(eager=True)
+    n_pairs = pairs.count()
+
+    # Hashes that put a row into the graph: one side of a verified pair, or a new row's
+    # hash that other rows share (distance 0). Everything else is untouched.
+    relevant = (
+        pairs.select(F.col("a").alias("phash"))
+        .union(pairs.select(F.col("b").alias("phash")))
+        .union(hashes.where("is_new AND n > 1").select("phash"))
+        .distinct()
+    )
+    hashes.unpersist()
+    row_node = F.when(F.col("_new"), _node("s:", "sample_id")).otherwise(_node("c:", "_old_cid"))
+    edges = (
+        rows.join(relevant, "phash", "left_semi")
+        .select(row_node.alias("src"), _node("h:", "phash").alias("dst"))
+        .union(pairs.select(_node("h:", "a").alias("src"), _node("h:", "b").alias("dst")))
+        .distinct()
+    )
+    labels, rounds = connected_components(edges, cfg.max_iterations)
+
+    # Rows to (re)assign, each with its component `_comp`:
+    new = rows.where("_new")
+    kept = rows.where(~F.col("_new"))
+    in_graph_new = new.join(
+        labels.select(F.col("node").alias("_n"), F.col("label").alias("_comp")),
+        _node("s:", "sample_id") == F.col("_n"),
+        "left",
+    ).select(
+        *ROW_COLUMNS, "_new", "_old_cid",
+        F.coalesce("_comp", _node("s:", "sample_id")).alias("_comp"),
+    )
+    touched_kept = kept.join(
+        labels.select(F.col("node").alias("_n"), F.col("label").alias("_comp")),
+        _node("c:", "_old_cid") == F.col("_n"),
+    ).select(*ROW_COLUMNS, "_new", "_old_cid", "_comp")
+    parts = [in_graph_new, touched_kept]
+    removed = None
+    if prior is not None:
+        # Clusters that lost members (rows gone from the table, or whose image changed)
+        # are re-evaluated: size, canonical member, kinds.
+        departed = prior.select("sample_id", "dup_cluster_id").join(
+            kept.select("sample_id"), "sample_id", "left_anti"
+        )
+        if not full:
+            shrunk = departed.select(F.col("dup_cluster_id").alias("_old_cid")).distinct()
+            parts.append(
+                kept.join(shrunk, "_old_cid", "left_semi")
+                .join(touched_kept.select("sample_id"), "sample_id", "left_anti")
+                .select(*ROW_COLUMNS, "_new", "_old_cid", _node("c:", "_old_cid").alias("_comp"))
+            )
+        removed = prior.select("sample_id").join(cur.select("sample_id"), "sample_id", "left_anti")
+    members = parts[0]
+    for part in parts[1:]:
+        members = members.unionByName(part)
+    members = members.localCheckpoint(eager=True)
+
+    by_comp = Window.partitionBy("_comp")
+    ranked = members.withColumn(
+        "_rank",
+        F.row_number().over(by_comp.orderBy(*canonical_order(cfg.policy, cfg.source_priority))),
+    ).withColumn("cluster_size", F.count(F.lit(1)).over(by_comp))
+    canon = ranked.where("_rank = 1").select(
+        "_comp",
+        F.col("sample_id").alias("_canon_id"),
+        F.col("image_sha256").alias("_canon_sha"),
+    )
+    # Keep an existing id: the one most members carry, ties to the smallest.
+    old_ids = (
+        members.where(F.col("_old_cid").isNotNull())
+        .groupBy("_comp", "_old_cid")
+        .agg(F.count(F.lit(1)).alias("_n"))
+        .groupBy("_comp")
+        .agg(F.min(F.struct((-F.col("_n")).alias("k"), F.col("_old_cid").alias("id")))["id"]
+             .alias("_kept_id"))
+    )
+    member_ids = members.groupBy("_comp").agg(
+        F.sort_array(F.collect_list("sample_id")).alias("_ids")
+    )
+    ids_in_use = kept.select(F.col("_old_cid").alias("_canon_id")).distinct().withColumn(
+        "_in_use", F.lit(True)
+    )
+    cluster_ids = (
+        canon.join(old_ids, "_comp", "left")
+        .join(member_ids, "_comp")
+        .join(ids_in_use, "_canon_id", "left")
+        .select(
+            "_comp",
+            "_canon_sha",
+            F.coalesce(
+                "_kept_id",
+                # A new cluster whose canonical id still names another cluster (its row
+                # left that cluster when its image changed): name it by its members.
+                F.when(
+                    F.col("_in_use"),
+                    F.substring(F.sha2(F.concat_ws(",", "_ids"), 256), 1, 32),
+                ).otherwise(F.col("_canon_id")),
+            ).alias("dup_cluster_id"),
+        )
+    )
+    assigned = ranked.join(cluster_ids, "_comp").select(
+        "sample_id",
+        "source",
+        "image_sha256",
+        "phash",
+        "dup_cluster_id",
+        (F.col("_rank") == 1).alias("is_canonical"),
+        F.when(F.col("cluster_size") == 1, "unique")
+        .when(F.col("_rank") == 1, "canonical")
+        .when(F.col("image_sha256") == F.col("_canon_sha"), "exact")
+        .otherwise("near")
+        .alias("dup_kind"),
+        F.col("cluster_size").cast("long"),
+        F.lit(run_id).alias("run_id"),
+    )
+    if prior is not None:
+        compare = ("image_sha256", "phash", "dup_cluster_id", "is_canonical", "dup_kind",
+                   "cluster_size")
+        old = prior.select("sample_id", *[F.col(c).alias(f"_p_{c}") for c in compare])
+        differs = F.lit(False)
+        for c in compare:
+            differs = differs | ~F.col(c).eqNullSafe(F.col(f"_p_{c}"))
+        assigned = assigned.join(old, "sample_id", "left").where(differs).select(
+            *ASSIGNMENT_COLUMNS
+        )
+    changes = assigned.select(*ASSIGNMENT_COLUMNS).localCheckpoint(eager=True)
+    if removed is None:
+        removed = changes.sparkSession.createDataFrame([], "sample_id string")
+    removed = removed.localCheckpoint(eager=True)
+    pairs.unpersist()
+    return DedupPlan(changes, removed, new_rows, n_pairs, rounds)

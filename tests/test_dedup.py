@@ -1,0 +1,325 @@
+"""Dedup: LSH pairs, connected components, cluster policy, and the real pipeline path
+(curate -> dedup -> export) with an exact copy, a resized+recompressed copy and an
+unrelated photo."""
+
+from __future__ import annotations
+
+import io
+import random
+from datetime import datetime
+from importlib import resources
+
+import lance
+import pytest
+from conftest import make_config
+from PIL import Image
+
+from etl.config import ConfigError, DedupConfig
+from etl.transforms.dedup import (
+    ASSIGNMENT_COLUMNS,
+    connected_components,
+    hash_pairs,
+    lsh_masks,
+    plan_dedup,
+)
+
+
+def _flip(h: int, bits: list[int]) -> int:
+    for b in bits:
+        h ^= 1 << b
+    return h
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+def _hamming(a: int, b: int) -> int:
+    return bin((a ^ b) & ((1 << 64) - 1)).count("1")
+
+
+# ----------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    "dedup, needle",
+    [
+        ({"threshold": 4, "bands": 4}, "dedup.bands: must be greater than dedup.threshold"),
+        ({"threshold": 64}, "dedup.threshold: must be in [0, 63]"),
+        ({"source_priority": ["nope"]}, "dedup.source_priority[0]: 'nope' is not a configured"),
+        ({"policy": ["resolution", "biggest"]}, "dedup.policy[1]: 'biggest' is not one of"),
+        ({"policy": ["earliest", "earliest"]}, "dedup.policy: a criterion is listed twice"),
+        ({"threshold": 10, "bands": 40}, "dedup.bands: 40 bands with threshold 10 make"),
+        ({"treshold": 3}, "dedup: unknown key 'treshold'"),
+    ],
+)
+def test_bad_dedup_config_names_the_field(tmp_path, dedup, needle):
+    with pytest.raises(ConfigError) as err:
+        make_config(tmp_path, dedup=dedup)
+    assert needle in str(err.value)
+
+
+def test_dedup_and_export_options_parse(tmp_path):
+    cfg = make_config(
+        tmp_path,
+        dedup={"threshold": 3, "bands": 4, "source_priority": ["dummy"]},
+        exports={"all": {"include_duplicates": True}, "train": {}},
+    )
+    assert (cfg.dedup.threshold, cfg.dedup.bands, cfg.dedup.keys_per_hash) == (3, 4, 4)
+    assert cfg.export("all").include_duplicates and not cfg.export("train").include_duplicates
+
+
+def test_cli_dedup_bad_config_and_missing_table_fail_before_spark(tmp_path):
+    import subprocess
+    import sys
+
+    import yaml
+
+    conf = {"storage": {"root": str(tmp_path / "data")},
+            "sources": [{"name": "pics", "kind": "image_folder", "path": str(tmp_path)}],
+            "dedup": {"threshold": 5, "bands": 5}}
+    path = tmp_path / "conf.yaml"
+    path.write_text(yaml.safe_dump(conf))
+    res = subprocess.run([sys.executable, "-m", "etl.cli", "dedup", "--conf", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "dedup.bands: must be greater than" in res.stderr
+    conf["dedup"] = {}
+    path.write_text(yaml.safe_dump(conf))
+    res = subprocess.run([sys.executable, "-m", "etl.cli", "dedup", "--conf", str(path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "run `lakeshard curate` first" in res.stderr
+    assert "SparkSession" not in res.stderr
+
+
+# ----------------------------------------------------------------------- LSH
+
+
+@pytest.mark.parametrize("threshold, bands", [(0, 1), (3, 4), (4, 6), (6, 8)])
+def test_every_pair_within_the_threshold_shares_a_key(threshold, bands):
+    masks = lsh_masks(threshold, bands)
+    assert len(masks) == len(set(masks))
+    rng = random.Random(threshold * 100 + bands)
+    for _ in range(2000):
+        a = rng.getrandbits(64)
+        b = _flip(a, rng.sample(range(64), rng.randint(0, threshold)))
+        assert any(_signed(a) & m == _signed(b) & m for m in masks)
+
+
+def test_hash_pairs_equal_brute_force_and_only_with_a_new_side(spark):
+    rng = random.Random(7)
+    hashes = [rng.getrandbits(64) for _ in range(150)]
+    for _ in range(40):  # planted near copies, 1..6 bits away
+        hashes.append(_flip(rng.choice(hashes), rng.sample(range(64), rng.randint(1, 6))))
+    hashes = sorted({_signed(h) for h in hashes})
+    new = set(hashes[::3])
+    df = spark.createDataFrame([(h, h in new) for h in hashes], "phash long, is_new boolean")
+
+    got = {(r.a, r.b): r.distance for r in hash_pairs(df, 4, 6, all_new=False).collect()}
+    want = {
+        (a, b): _hamming(a, b)
+        for i, a in enumerate(hashes) for b in hashes[i + 1:]
+        if _hamming(a, b) <= 4 and (a in new or b in new)
+    }
+    assert want and got == want
+
+    everything = df.withColumn("is_new", df.is_new | ~df.is_new)  # a first run: all new
+    got_all = {(r.a, r.b) for r in hash_pairs(everything, 4, 6, all_new=True).collect()}
+    assert got_all == {
+        (a, b) for i, a in enumerate(hashes) for b in hashes[i + 1:] if _hamming(a, b) <= 4
+    }
+
+
+def test_connected_components_of_a_long_chain_and_a_pair(spark):
+    chain = [(f"n{i:03d}", f"n{i + 1:03d}") for i in range(40)]  # 41 nodes, one component
+    edges = spark.createDataFrame(
+        [*chain, ("x", "y"), ("y", "x"), ("z", "z")], "src string, dst string"
+    )
+    labels, rounds = connected_components(edges, max_iterations=20)
+    got = {r.node: r.label for r in labels.collect()}
+    assert got == {**{f"n{i:03d}": "n000" for i in range(41)}, "x": "x", "y": "x"}
+    assert rounds <= 10  # pointer jumping: ~log2(40) rounds, not 40
+
+
+# ----------------------------------------------------------------------- plan
+
+
+_ROW = ("sample_id string, source string, image_sha256 string, phash long, width int, "
+        "height int, original_width int, original_height int, ingested_at timestamp")
+_H = 0x0123456789ABCDEF
+_FAR = 0x7EDCBA9876543210
+
+
+def _row(sid, source, sha, phash, side, day):
+    return (sid, source, sha, phash, side, side, side, side, datetime(2026, 1, day))
+
+
+def _state(prior: dict, plan) -> dict:
+    """Apply a plan's changes and removals to a {sample_id: assignment} dict."""
+    out = {k: v for k, v in prior.items()}
+    for r in plan.removed.collect():
+        out.pop(r.sample_id)
+    for r in plan.changes.collect():
+        out[r.sample_id] = r.asDict()
+    return out
+
+
+def test_plan_policy_then_incremental_keeps_ids_and_reassigns_canonical(spark):
+    cfg = DedupConfig(threshold=4, bands=6, source_priority=("s2", "s1"))
+    first = [
+        _row("a1", "s1", "A", _H, 100, 1),
+        _row("a2", "s2", "A", _H, 100, 2),             # exact copy, preferred source
+        _row("a3", "s1", "B", _H ^ 0b10101, 50, 1),    # near copy (3 bits), smaller
+        _row("b1", "s1", "C", _FAR, 100, 1),           # unrelated
+        _row("c1", "s1", "E", 42, 80, 3),
+        _row("c2", "s1", "F", 42 ^ (1 << 40), 80, 2),  # same size and source: earliest wins
+    ]
+    plan = plan_dedup(spark.createDataFrame(first, _ROW), None, cfg, "r1")
+    state = _state({}, plan)
+    view = {k: (v["dup_cluster_id"], v["is_canonical"], v["dup_kind"], v["cluster_size"])
+            for k, v in state.items()}
+    assert view == {
+        "a1": ("a2", False, "exact", 3), "a2": ("a2", True, "canonical", 3),
+        "a3": ("a2", False, "near", 3), "b1": ("b1", True, "unique", 1),
+        "c1": ("c2", False, "near", 2), "c2": ("c2", True, "canonical", 2),
+    }
+    assert plan.new_rows == 6 and plan.removed.count() == 0
+
+    prior = spark.createDataFrame(
+        [tuple(v[c] for c in ASSIGNMENT_COLUMNS) for v in state.values()],
+        "sample_id string, source string, image_sha256 string, phash long, "
+        "dup_cluster_id string, is_canonical boolean, dup_kind string, cluster_size long, "
+        "run_id string",
+    )
+    # Next night: a2 (the canonical) is gone, a bigger near copy and an exact copy of b1
+    # arrive, and a1's file was replaced by an unrelated image.
+    second = [r for r in first if r[0] not in ("a1", "a2")] + [
+        _row("a1", "s1", "Z", 0x5A5A5A5A5A5A5A5A, 100, 1),
+        _row("a4", "s1", "D", _signed(_H ^ (1 << 63)), 200, 5),
+        _row("b2", "s2", "C", _FAR, 100, 5),
+    ]
+    plan2 = plan_dedup(spark.createDataFrame(second, _ROW), prior, cfg, "r2")
+    assert plan2.new_rows == 3  # a1 (changed), a4, b2
+    assert {r.sample_id for r in plan2.removed.collect()} == {"a2"}
+    changed = {r.sample_id for r in plan2.changes.collect()}
+    assert changed == {"a1", "a3", "a4", "b1", "b2"}  # c1, c2 untouched
+    assert all(r.run_id == "r2" for r in plan2.changes.collect())
+    state2 = _state(state, plan2)
+    view2 = {k: (v["dup_cluster_id"], v["is_canonical"], v["dup_kind"], v["cluster_size"])
+             for k, v in state2.items()}
+    assert view2 == {
+        "a3": ("a2", False, "near", 2), "a4": ("a2", True, "canonical", 2),  # id kept
+        "a1": ("a1", True, "unique", 1),
+        "b1": ("b1", False, "exact", 2), "b2": ("b1", True, "canonical", 2),  # s2 first
+        "c1": ("c2", False, "near", 2), "c2": ("c2", True, "canonical", 2),
+    }
+
+
+# ----------------------------------------------------------------------- pipeline
+
+
+def _skimage_bytes(name: str) -> bytes:
+    return resources.files("skimage").joinpath("data", name).read_bytes()
+
+
+def _reencoded(name: str, size: tuple[int, int], fmt: str, **kw) -> bytes:
+    im = Image.open(io.BytesIO(_skimage_bytes(name))).convert("RGB")
+    buf = io.BytesIO()
+    im.resize(size, Image.Resampling.LANCZOS).save(buf, format=fmt, **kw)
+    return buf.getvalue()
+
+
+def _exported_ids(path: str) -> list[str]:
+    from streaming import StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    ds = StreamingDataset(local=path, shuffle=False, batch_size=1)
+    return sorted(ds[i]["sample_id"] for i in range(len(ds)))
+
+
+@pytest.mark.slow
+def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_path):
+    from etl.jobs.run import format_summary, run
+    from etl.session import register_lance_views
+
+    photos = tmp_path / "in" / "photos"
+    files = {
+        "orig/astronaut.png": _skimage_bytes("astronaut.png"),
+        "copies/astronaut_copy.png": _skimage_bytes("astronaut.png"),  # exact byte copy
+        "copies/astronaut_small.jpg": _reencoded("astronaut.png", (256, 256), "JPEG", quality=80),
+        "other/coffee.png": _skimage_bytes("coffee.png"),  # unrelated
+    }
+    for rel, data in files.items():
+        (photos / rel).parent.mkdir(parents=True, exist_ok=True)
+        (photos / rel).write_bytes(data)
+    cfg = make_config(
+        tmp_path,
+        sources=[{"name": "photos", "kind": "image_folder", "path": str(photos)}],
+        exports={"train": {"partitions": 1},
+                 "everything": {"partitions": 1, "include_duplicates": True}},
+    )
+
+    def state():
+        table = lance.dataset(cfg.storage.lance_table("curated"))
+        keys = {r["sample_id"]: r["source_key"]
+                for r in table.to_table(columns=["sample_id", "source_key"]).to_pylist()}
+        rows = spark.read.format("delta").load(cfg.storage.delta_table("dedup")).collect()
+        assert sorted(keys) == sorted(r.sample_id for r in rows)  # every row annotated
+        return {keys[r.sample_id]: r for r in rows}, {v: k for k, v in keys.items()}
+
+    _, cur, exports = run(cfg)
+    s1, ids = state()
+    astro = s1["orig/astronaut.png"].dup_cluster_id
+    assert s1["copies/astronaut_copy.png"].dup_cluster_id == astro
+    assert s1["copies/astronaut_small.jpg"].dup_cluster_id == astro
+    assert s1["other/coffee.png"].dup_cluster_id != astro
+    assert (s1["other/coffee.png"].dup_kind, s1["other/coffee.png"].cluster_size) == ("unique", 1)
+    # Same size, source and ingest time: the smaller sample_id is canonical.
+    first = min(ids["orig/astronaut.png"], ids["copies/astronaut_copy.png"])
+    assert astro == first
+    kinds = {k: (r.is_canonical, r.dup_kind) for k, r in s1.items()}
+    twin = [k for k in ("orig/astronaut.png", "copies/astronaut_copy.png") if ids[k] != first]
+    assert kinds[twin[0]] == (False, "exact")
+    assert kinds["copies/astronaut_small.jpg"] == (False, "near")
+    # Stats per source, and the exports: duplicates left out unless asked for.
+    d = cur.dedup
+    assert (d.counts[0].rows, d.counts[0].exact, d.counts[0].near, d.clusters) == (4, 1, 1, 1)
+    assert "exact rate" in format_summary("r", cur, exports)
+    assert _exported_ids(cfg.storage.export_dir("train")) == sorted(
+        [first, ids["other/coffee.png"]])
+    assert len(_exported_ids(cfg.storage.export_dir("everything"))) == 4
+    from etl.jobs.verify_export import verify_export
+
+    report = verify_export(cfg.storage.export_dir("train"))  # table rows - duplicates
+    assert report.ok, report.problems
+    register_lance_views(spark, cfg)
+    row = spark.sql("SELECT * FROM dup_clusters").collect()
+    assert [(r.dup_cluster_id, r.cluster_size, r.canonical_sample_id, r.sources) for r in row] \
+        == [(astro, 3, first, ["photos"])]
+    assert spark.sql("SELECT count(*) FROM curated WHERE is_canonical").first()[0] == 2
+
+    # Rerun, nothing new: same ids, nothing changed.
+    _, cur2, _ = run(cfg, stages=("curate", "dedup"))
+    s2, _ = state()
+    assert cur2.dedup.mode == "incremental" and cur2.dedup.changed == 0
+    assert {k: r.dup_cluster_id for k, r in s2.items()} == {
+        k: r.dup_cluster_id for k, r in s1.items()}
+
+    # New rows: a bigger copy of the astronaut (becomes canonical), a recompressed
+    # coffee (joins the coffee row, which keeps its id).
+    (photos / "new").mkdir()
+    (photos / "new/astronaut_big.png").write_bytes(
+        _reencoded("astronaut.png", (1024, 1024), "PNG"))
+    (photos / "new/coffee.jpg").write_bytes(_reencoded("coffee.png", (400, 300), "JPEG",
+                                                       quality=85))
+    _, cur3, _ = run(cfg, export_names=("train",))
+    s3, ids3 = state()
+    assert cur3.dedup.new_rows == 2
+    for key, r in s1.items():
+        assert s3[key].dup_cluster_id == r.dup_cluster_id, key
+    assert s3["new/astronaut_big.png"].dup_cluster_id == astro
+    assert s3["new/astronaut_big.png"].is_canonical
+    assert s3["new/coffee.jpg"].dup_cluster_id == ids3["other/coffee.png"]
+    assert not s3["new/coffee.jpg"].is_canonical  # same size; the earlier row wins
+    assert _exported_ids(cfg.storage.export_dir("train")) == sorted(
+        [ids3["new/astronaut_big.png"], ids3["other/coffee.png"]])
