@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from etl.config import Config
+from etl.faults import fault_point
 from etl.samples import ensure_samples
 from etl.sources import adapter_for, finish_ingest
 from etl.transforms.prepare import (
@@ -116,6 +117,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         outcome_counts(prepared).collect(), [s.name for s in cfg.sources]
     )
 
+    fault_point("curate:prepared")
     now = datetime.now(UTC).replace(tzinfo=None)
     accepted = accepted_rows(prepared, run_id=run_id, ingested_at=F.lit(now))
     previous = _first_ingested(spark, curated_path)
@@ -131,6 +133,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
 
     sc.setJobDescription("lakeshard curate: write Lance curated")
     accepted.write.format("lance").mode("overwrite").save(curated_path)
+    fault_point("curate:lance_written")
     sc.setJobDescription("lakeshard curate: merge Delta rejects")
     merge_rejects(spark, rejected_rows(prepared, run_id=run_id), rejects_path)
     sc.setJobDescription(None)
