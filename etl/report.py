@@ -246,15 +246,15 @@ img.fig{max-width:100%;border:1px solid #eee;margin:6px 0}
 """
 
 
-def write_report(spark, cfg: Config, outcome: Any) -> str:
-    """Write the report of `outcome` (a :class:`etl.jobs.run.RunOutcome`); returns the
-    path of its index.html."""
+def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -> str:
+    """Write the report of `outcome` (a :class:`etl.jobs.run.RunOutcome`) into `out_dir`
+    (default ``<root>/reports/<run_id>``, a local path); returns its index.html."""
     import lance
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     run_id = outcome.run_id
-    out_dir = os.path.join(cfg.storage.reports_dir, run_id)
+    out_dir = out_dir or os.path.join(cfg.storage.reports_dir, run_id)
     thumbs_dir = os.path.join(out_dir, "thumbs")
     os.makedirs(thumbs_dir, exist_ok=True)
     curated_path = cfg.storage.lance_table("curated")

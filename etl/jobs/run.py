@@ -15,7 +15,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -117,10 +119,10 @@ def format_outcome(out: RunOutcome) -> str:
 
 def write_summary(
     cfg: Config, run_id: str, cur: CurateResult | None, exports: list[ExportResult],
-    extra: dict | None = None,
+    extra: dict | None = None, out_dir: str | None = None,
 ) -> str:
     """<root>/reports/<run_id>/summary.json: the run's accounting and outputs."""
-    out_dir = os.path.join(cfg.storage.reports_dir, run_id)
+    out_dir = out_dir or os.path.join(cfg.storage.reports_dir, run_id)
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "summary.json")
     with open(path, "w", encoding="utf-8") as f:
@@ -241,19 +243,29 @@ def run_stages(
                   table_versions=result.table_versions, note=result.note)
             fault_point(f"{stage.name}:done")
 
+        # Reports are written locally, then copied when the root is an object store.
+        final_dir = f"{cfg.storage.reports_dir}/{run_id}"
+        remote = "://" in final_dir
+        report_dir = tempfile.mkdtemp(prefix="lakeshard-report-") if remote else final_dir
         if cfg.run.report:
             from etl.report import write_report
 
             t0 = time.monotonic()
             sc.setJobGroup(f"lakeshard-{run_id}-report", f"lakeshard report (run {run_id})")
-            out.report = write_report(spark, cfg, out)
+            index = write_report(spark, cfg, out, report_dir)
             sc.setLocalProperty("spark.jobGroup.id", None)
             sc.setJobDescription(None)
             out.seconds["report"] = time.monotonic() - t0
-        write_summary(cfg, run_id, out.curate, out.exports, extra={
+            out.report = f"{final_dir}/{os.path.basename(index)}"
+        write_summary(cfg, run_id, out.curate, out.exports, out_dir=report_dir, extra={
             "stages": names, "seconds": out.seconds, "report": out.report,
             "recovered_run": out.recovered_run,
         })
+        if remote:
+            import pyarrow.fs as pafs
+
+            pafs.copy_files(report_dir, final_dir)
+            shutil.rmtree(report_dir, ignore_errors=True)
         versions, manifests = {}, {}
         for res in out.results.values():
             versions.update(res.table_versions)

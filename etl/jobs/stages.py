@@ -133,6 +133,20 @@ def curate_stage(spark, cfg, ctx: RunContext) -> StageResult:
     return StageResult(inputs=inputs, outputs=outputs, table_versions=versions, detail=cur)
 
 
+def _drop_stale_staging(export_dir: str) -> None:
+    """Remove staging folders an interrupted export of other settings or another table
+    version left next to `export_dir` (the current one was just swapped into place;
+    the run lock guarantees no other export is writing)."""
+    import glob
+    import shutil
+
+    parent, name = os.path.split(export_dir.rstrip("/"))
+    for stale in glob.glob(os.path.join(parent, f".{name}.staging-*")) + glob.glob(
+        os.path.join(parent, f".{name}.old-*")
+    ):
+        shutil.rmtree(stale, ignore_errors=True)
+
+
 def export_stage(spark, cfg, ctx: RunContext) -> StageResult:
     """curated Lance table -> every (or the chosen) MDS export."""
     from etl.jobs.export import export
@@ -158,6 +172,7 @@ def export_stage(spark, cfg, ctx: RunContext) -> StageResult:
             "export_key": manifest.get("export_key"),
             "resumed_partitions": res.resumed_partitions,
         }
+        _drop_stale_staging(cfg.storage.export_dir(name))
         inputs[f"rows:{name}"] = res.samples
         outputs["samples"] += res.samples
         outputs["shards"] += res.shards
