@@ -32,6 +32,19 @@ class LockInfo:
     run_id: str
     started: float
     heartbeat: float
+    # The holder's process start time (Linux clock ticks since boot), so that a reused
+    # pid is not mistaken for the holder; None where /proc is not available.
+    pid_start: int | None = None
+
+
+def _proc_start(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # Field 22, counted after the parenthesised command name (which may hold spaces).
+    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def _pid_alive(pid: int) -> bool:
@@ -77,14 +90,19 @@ class RunLock:
 
     def is_stale(self, info: LockInfo, now: float | None = None) -> bool:
         now = time.time() if now is None else now
-        if info.host == self.host and info.pid > 0 and not _pid_alive(info.pid):
-            return True
+        if info.host == self.host and info.pid > 0:
+            if not _pid_alive(info.pid):
+                return True
+            if info.pid_start is not None and _proc_start(info.pid) not in (None,
+                                                                           info.pid_start):
+                return True  # the pid now belongs to another process
         return now - info.heartbeat > self.stale_after_s
 
     def _payload(self) -> bytes:
         return json.dumps({
             "pid": self.pid, "host": self.host, "run_id": self.run_id,
             "started": self._started, "heartbeat": time.time(),
+            "pid_start": _proc_start(self.pid),
         }).encode()
 
     # ------------------------------------------------------------------ protocol

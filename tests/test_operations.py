@@ -55,6 +55,22 @@ def test_lock_of_a_dead_process_on_this_host_is_taken_over(tmp_path):
     lock.release()
 
 
+def test_lock_whose_pid_was_reused_by_another_process_is_stale(tmp_path):
+    path = tmp_path / "run.lock"
+    mine = RunLock(str(path), "x")
+    live = {"pid": os.getpid(), "host": mine.host, "run_id": "old", "started": time.time(),
+            "heartbeat": time.time()}
+    path.write_text(json.dumps(live))  # no pid_start (e.g. not Linux): a live holder
+    with pytest.raises(RunLockedError):
+        RunLock(str(path), "new").acquire()
+    if not os.path.exists("/proc/self/stat"):
+        return
+    path.write_text(json.dumps({**live, "pid_start": 1}))  # same pid, another process
+    lock = RunLock(str(path), "new").acquire()
+    assert lock.recovered.run_id == "old"
+    lock.release()
+
+
 def test_lock_from_another_host_is_stale_only_without_heartbeat(tmp_path):
     path = tmp_path / "run.lock"
     fresh = {"pid": 1, "host": "other-host", "run_id": "remote", "started": time.time(),
