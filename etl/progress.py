@@ -58,7 +58,6 @@ class StageProgress:
         """Tasks of the Spark stages running now, or None when nothing runs."""
         tracker = self.sc.statusTracker()
         total = done = active = 0
-        jobs = set()
         for sid in tracker.getActiveStageIds():
             info = tracker.getStageInfo(sid)
             if info is None:
@@ -66,7 +65,6 @@ class StageProgress:
             total += info.numTasks
             done += info.numCompletedTasks
             active += info.numActiveTasks
-            jobs.add(info.name)
         if not total:
             return None
         now = time.monotonic()
