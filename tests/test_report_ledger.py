@@ -168,3 +168,22 @@ def test_events_progress_and_job_groups(spark, finished_run):
     tracker = spark.sparkContext.statusTracker()
     for stage in ("curate", "export"):
         assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-{stage}"), stage
+
+
+def test_a_failing_stage_is_recorded_and_releases_the_lock(spark, finished_run):
+    import dataclasses
+
+    from etl.config import ConfigError, ExportConfig
+    from etl.jobs.run import lock_path, run_stages
+    from etl.ledger import RUNS_TABLE
+
+    cfg, _, _ = finished_run
+    bad = dataclasses.replace(cfg, exports=(ExportConfig(name="bad", where="no_such_col > 1"),))
+    with pytest.raises(ConfigError, match="exports.bad.where"):
+        run_stages(bad, only=("export",), run_id="failing-run")
+    assert not os.path.exists(lock_path(cfg))
+    rows = {r["stage"]: r for r in spark.read.format("delta")
+            .load(cfg.storage.delta_table(RUNS_TABLE)).where("run_id = 'failing-run'").collect()}
+    assert {k: r["status"] for k, r in rows.items()} == {
+        "run": "failed", "export": "failed", "curate": "skipped"}
+    assert "no_such_col" in rows["export"]["note"]

@@ -194,15 +194,17 @@ def run_stages(
             event("recovered_crashed_run", run_id=run_id, crashed_run=out.recovered_run)
         run_started = ledger.utcnow()
         t_run = time.monotonic()
+        # One MERGE per step: a stage's `running` row goes in with the previous row.
+        started = ledger.utcnow()
         ledger.record(spark, runs_path, [
             _ledger_row(base, "run", "running", run_started),
             *[_ledger_row(base, s, "skipped", run_started, note="not selected")
               for s in STAGES.names() if s not in names],
+            _ledger_row(base, selected[0].name, "running", started),
         ])
         ctx = RunContext(run_id=run_id, export_names=export_names)
-        for stage in selected:
-            started, t0 = ledger.utcnow(), time.monotonic()
-            ledger.record(spark, runs_path, [_ledger_row(base, stage.name, "running", started)])
+        for i, stage in enumerate(selected):
+            t0 = time.monotonic()
             sc.setJobGroup(f"lakeshard-{run_id}-{stage.name}",
                            f"lakeshard {stage.name} (run {run_id})")
             event("stage_start", run_id=run_id, stage=stage.name)
@@ -230,14 +232,18 @@ def run_stages(
             ctx.results[stage.name] = result
             out.results[stage.name] = result
             out.seconds[stage.name] = secs
-            ledger.record(spark, runs_path, [_ledger_row(
+            rows = [_ledger_row(
                 base, stage.name, "ok", started, ended_at=ledger.utcnow(), seconds=secs,
                 inputs=result.inputs, outputs=result.outputs,
                 table_versions=result.table_versions,
                 export_manifests=json.dumps(result.manifests, sort_keys=True)
                 if result.manifests else None,
                 note=result.note,
-            )])
+            )]
+            if i + 1 < len(selected):
+                started = ledger.utcnow()
+                rows.append(_ledger_row(base, selected[i + 1].name, "running", started))
+            ledger.record(spark, runs_path, rows)
             event("stage_end", run_id=run_id, stage=stage.name, seconds=round(secs, 2),
                   inputs=result.inputs, outputs=result.outputs,
                   table_versions=result.table_versions, note=result.note)
