@@ -266,7 +266,8 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
     except (ValueError, OSError):
         ds = None
     # Counts over the whole tables (Spark), by source and status / reason.
-    status = pd.DataFrame(columns=["source", "kept", "flagged", "rejected"])
+    status = pd.DataFrame({"kept": pd.Series(dtype="int64"),
+                           "flagged": pd.Series(dtype="int64")})
     reasons = pd.DataFrame(columns=["kind", "reason", "count"])
     if ds is not None:
         cur = (spark.read.format("lance").option("columns", "source,keep,filter_reason")
