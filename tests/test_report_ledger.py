@@ -117,12 +117,12 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
     shot = tmp_path / "shot.png"
     res = subprocess.run(
         [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-         "--allow-file-access-from-files", "--window-size=1280,3000",
+         "--allow-file-access-from-files", "--window-size=1280,7000",
          f"--screenshot={shot}", f"file://{out.report}"],
         capture_output=True, text=True, timeout=180,
     )
     assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
-    _not_blank(shot, min_colors=1000)  # charts and photos, not a blank or error page
+    _not_blank(shot, min_colors=1000)  # charts and the contact sheets' photos
     # The figures loaded: the top of the page (the timings chart) is not all white.
     top = np.asarray(Image.open(shot).convert("L"))[:600]
     assert (top < 200).mean() > 0.01

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 
 from etl.config import Config, ConfigError
-from etl.faults import fault_point
+from etl.faults import arm, fault_point
 from etl.jobs.curate import CurateResult, preflight
 from etl.jobs.stages import STAGES, RunContext, StageResult
 from etl.lock import RunLock
@@ -171,6 +171,7 @@ def run_stages(
         raise ConfigError(f"--run-id: {run_id!r} is not a valid run id (letters, digits, "
                           "'.', '_', '-'; it names the report folder)")
     run_id = run_id or new_run_id()
+    arm()
     out = RunOutcome(run_id=run_id, stages=names)
     lock = None
     if cfg.run.lock:
