@@ -65,11 +65,12 @@ def _state(spark, cfg) -> dict:
     from streaming.base.util import clean_stale_shared_memory
 
     table = lance.dataset(cfg.storage.lance_table("curated")).to_table()
-    rows = sorted(
-        ({k: v for k, v in r.items() if k not in ("run_id", "ingested_at")}
-         for r in table.to_pylist()),
-        key=lambda r: r["sample_id"],
-    )
+    rows = []
+    for r in table.to_pylist():
+        r = {k: v for k, v in r.items() if k not in ("run_id", "ingested_at")}
+        r["source_uri"] = r["source_uri"].replace(cfg.storage.root, "<root>")  # roots differ
+        rows.append(r)
+    rows.sort(key=lambda r: r["sample_id"])
     rejects = sorted(
         tuple(r) for r in spark.read.format("delta").load(cfg.storage.delta_table("rejects"))
         .select("sample_id", "source", "source_key", "stage", "reason").collect()
