@@ -7,9 +7,17 @@ BIN    := $(VENV)/bin
 JARS   := .jars
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup jars run test lint bench clean kernel
+.PHONY: setup jars run test lint bench clean kernel browser wheel artifacts
 
-setup: $(STAMP) $(JARS)/.complete
+setup: $(STAMP) $(JARS)/.complete browser
+
+## Headless Chromium (Debian's package) for the report rendering test; installed when
+## missing if apt-get can run, otherwise that one test is skipped with this hint.
+browser:
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || { \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; \
+	  else echo "chromium not found: the report screenshot test will be skipped (apt-get install chromium)"; fi; }
 
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: lakeshard needs Python 3.11 (set PYTHON=...)"; exit 1; }
@@ -37,6 +45,20 @@ test: setup
 ## A Jupyter kernel "lakeshard" that runs the venv's python (for JupyterLab/VS Code)
 kernel: setup
 	$(BIN)/python -m ipykernel install --sys-prefix --name lakeshard --display-name "lakeshard (.venv)"
+## The wheel a cluster installs (conf/*.yaml inside): dist/lakeshard-<version>-py3-none-any.whl
+wheel: $(STAMP)
+	rm -rf build dist/lakeshard-*.whl
+	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation --disable-pip-version-check -w dist .
+
+## Everything a cluster needs, in one folder to upload: wheel, constraints, JARs,
+## entrypoints, cluster configs (see README, "Operating nightly")
+artifacts: wheel $(JARS)/.complete
+	rm -rf dist/artifacts && mkdir -p dist/artifacts/jars dist/artifacts/entrypoints dist/artifacts/conf
+	cp dist/lakeshard-*.whl constraints.txt dist/artifacts/
+	cp $(JARS)/delta-spark_*.jar $(JARS)/delta-storage-*.jar dist/artifacts/jars/
+	cp etl/entrypoints/*.py dist/artifacts/entrypoints/
+	cp conf/databricks.yaml conf/emr.yaml dist/artifacts/conf/
+	cp deploy/emr-bootstrap.sh dist/artifacts/
 
 lint: setup
 	$(BIN)/ruff check etl udfs tests bench

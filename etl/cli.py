@@ -24,30 +24,44 @@ def _load(args) -> Config:
 
 
 def _cmd_run(args) -> int:
-    from etl.jobs.run import format_summary, run
+    from etl.jobs.run import format_outcome, run_stages
 
-    run_id, cur, exports = run(_load(args), export_names=tuple(args.export) or None)
-    print(format_summary(run_id, cur, exports))
+    out = run_stages(
+        _load(args), only=tuple(args.only), skip=tuple(args.skip),
+        export_names=tuple(args.export) or None, run_id=args.run_id,
+    )
+    print(format_outcome(out))
     return 0
 
 
 def _cmd_curate(args) -> int:
-    from etl.jobs.run import format_summary, run
+    from etl.jobs.run import format_outcome, run_stages
 
-    run_id, cur, _ = run(_load(args), stages=("curate",))
-    print(format_summary(run_id, cur, []))
+    print(format_outcome(run_stages(_load(args), only=("curate",), run_id=args.run_id)))
     return 0
 
 
 def _cmd_export(args) -> int:
-    from etl.jobs.run import format_summary, run
+    from etl.jobs.run import format_outcome, run_stages
 
     cfg = _load(args)
     names = tuple(args.name) or tuple(e.name for e in cfg.exports)
     if not names:
         raise ConfigError("exports: no export configured (add one under `exports:`)")
-    run_id, _, exports = run(cfg, stages=("export",), export_names=names)
-    print(format_summary(run_id, None, exports))
+    out = run_stages(cfg, only=("export",), export_names=names, run_id=args.run_id)
+    print(format_outcome(out))
+    return 0
+
+
+def _cmd_runs(args) -> int:
+    from etl.jobs.runs import format_runs
+    from etl.ledger import RUNS_TABLE, recent_runs
+    from etl.session import get_spark
+
+    cfg = _load(args)
+    path = cfg.storage.delta_table(RUNS_TABLE)
+    rows = recent_runs(get_spark(cfg), path, limit=args.limit)
+    print(format_runs(rows, path, stages=args.stages))
     return 0
 
 
@@ -278,8 +292,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("run", help="all stages: curate, then every configured export")
+    p = sub.add_parser("run", help="the configured stages in order (default: all), "
+                       "under the run lock, into the ledger, then the report")
     p.add_argument("--export", action="append", default=[], help="only this export (repeatable)")
+    p.add_argument("--only", action="append", default=[], metavar="STAGE",
+                   help="run only this stage (repeatable; overrides run.stages)")
+    p.add_argument("--skip", action="append", default=[], metavar="STAGE",
+                   help="skip this stage (repeatable)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("curate", help="ingest sources, prepare images, write Lance + rejects")
@@ -297,6 +316,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompare every row (default: new rows against everything)",
     )
     p.set_defaults(func=_cmd_dedup)
+    for sp in (sub.choices["run"], sub.choices["curate"], sub.choices["export"]):
+        sp.add_argument("--run-id", default=None,
+                        help="use this run id (e.g. the scheduler's) instead of a new one")
+
+    p = sub.add_parser("runs", help="recent runs from the run ledger (Delta `runs` table)")
+    p.add_argument("--limit", type=_positive, default=10, help="how many runs")
+    p.add_argument("--stages", action="store_true", help="one line per stage too")
+    p.set_defaults(func=_cmd_runs)
 
     p = sub.add_parser("verify-export", help="check an export: counts, hashes, every image")
     p.add_argument("name", help="export name under `exports:`")
@@ -369,6 +396,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from etl.lock import RunLockedError
     from etl.session import JarsMissingError
 
     args = build_parser().parse_args(argv)
@@ -384,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, JarsMissingError) as exc:
         print(f"lakeshard: {exc}", file=sys.stderr)
         return 2
+    except RunLockedError as exc:
+        print(f"lakeshard: refused: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ __all__ = [
     "EmbeddingConfig",
     "DedupConfig",
     "DEDUP_POLICY_KEYS",
+    "RunConfig",
     "load_config",
     "parse_config",
     "default_config_text",
@@ -327,6 +328,30 @@ class DedupConfig:
 
 
 @dataclass(frozen=True)
+class RunConfig:
+    """`run:` -- how `lakeshard run` operates: stages, lock, report, progress."""
+
+    # Stages to run, by registered name (etl/jobs/stages.py); None: every stage. They
+    # always run in the registry's order, whatever the order here.
+    stages: tuple[str, ...] | None = None
+    # Refuse a second run against the same root while one holds the lock.
+    lock: bool = True
+    # The lock file; default <root>/_lock/run.lock. Needed when the root is an object
+    # store: a POSIX path every possible driver of a run sees.
+    lock_path: str | None = None
+    # A lock whose heartbeat is older than this is stale (a crashed run on another
+    # host); on the same host a lock whose process is gone is stale at once.
+    stale_lock_s: int = 600
+    heartbeat_s: int = 30
+    # <root>/reports/<run_id>/index.html + PNGs after each run.
+    report: bool = True
+    report_samples: int = 24          # images per contact sheet
+    report_max_rows: int = 200_000    # histograms from a sample of this many rows
+    # Console progress of running Spark stages, every this many seconds (0: off).
+    progress_interval_s: float = 10.0
+
+
+@dataclass(frozen=True)
 class Config:
     storage: StorageConfig
     sources: tuple[SourceConfig, ...]
@@ -337,6 +362,7 @@ class Config:
     latents: LatentsConfig = field(default_factory=LatentsConfig)
     lakehouse: LakehouseConfig = field(default_factory=LakehouseConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
+    run: RunConfig = field(default_factory=RunConfig)
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -880,6 +906,60 @@ def _parse_lakehouse(raw: Any) -> LakehouseConfig:
     )
 
 
+def _parse_run(raw: Any, storage: StorageConfig) -> RunConfig:
+    from etl.jobs.stages import STAGES  # the registry imports this module
+
+    raw = _check_keys(raw, "run", _fields(RunConfig))
+    d = RunConfig()
+    stages = raw.get("stages", d.stages)
+    if stages is not None:
+        if not isinstance(stages, list) or not stages:
+            raise ConfigError("run.stages: expected a non-empty list of stage names")
+        for i, name in enumerate(stages):
+            if name not in STAGES.names():
+                raise ConfigError(
+                    f"run.stages[{i}]: unknown stage {name!r} "
+                    f"(registered: {', '.join(STAGES.names())})"
+                )
+        stages = tuple(stages)
+    lock = _bool(raw.get("lock", d.lock), "run.lock")
+    lock_path = raw.get("lock_path", d.lock_path)
+    if lock_path is not None:
+        lock_path = _str(lock_path, "run.lock_path")
+        if "://" in lock_path:
+            raise ConfigError(
+                f"run.lock_path: {lock_path!r} must be a POSIX path (a local or mounted "
+                "folder), not an object-store URL"
+            )
+        lock_path = str(Path(lock_path).expanduser().resolve())
+    elif lock and "://" in storage.root:
+        raise ConfigError(
+            "run.lock_path: storage.root is an object store, so the run lock needs a POSIX "
+            "path every driver sees (or `run.lock: false` when the scheduler alone "
+            "prevents overlapping runs)"
+        )
+    interval = raw.get("progress_interval_s", d.progress_interval_s)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or interval < 0:
+        raise ConfigError(
+            f"run.progress_interval_s: expected a number >= 0, got {interval!r}"
+        )
+    return RunConfig(
+        stages=stages,
+        lock=lock,
+        lock_path=lock_path,
+        stale_lock_s=_int(raw.get("stale_lock_s", d.stale_lock_s), "run.stale_lock_s", 1),
+        heartbeat_s=_int(raw.get("heartbeat_s", d.heartbeat_s), "run.heartbeat_s", 1),
+        report=_bool(raw.get("report", d.report), "run.report"),
+        report_samples=_int(
+            raw.get("report_samples", d.report_samples), "run.report_samples", 0, 500
+        ),
+        report_max_rows=_int(
+            raw.get("report_max_rows", d.report_max_rows), "run.report_max_rows", 100
+        ),
+        progress_interval_s=float(interval),
+    )
+
+
 def parse_config(raw: Any) -> Config:
     """Parse and validate a config mapping (already loaded from YAML)."""
     raw = _check_keys(raw, "config", _fields(Config), {"storage", "sources"})
@@ -901,8 +981,15 @@ def parse_config(raw: Any) -> Config:
                     f"exports.{exp.name}.latents: {name!r} is not an encoder under "
                     f"latents.encoders (configured: {', '.join(sorted(known)) or 'none'})"
                 )
+    storage = _parse_storage(raw["storage"])
+    run = _parse_run(raw.get("run") or {}, storage)
+    if run.heartbeat_s >= run.stale_lock_s:
+        raise ConfigError(
+            f"run.heartbeat_s: {run.heartbeat_s} must be below run.stale_lock_s "
+            f"({run.stale_lock_s}), or a live run's lock would look stale"
+        )
     return Config(
-        storage=_parse_storage(raw["storage"]),
+        storage=storage,
         sources=sources,
         spark=_parse_spark(raw.get("spark") or {}),
         prepare=_parse_prepare(raw.get("prepare") or {}),
@@ -911,6 +998,7 @@ def parse_config(raw: Any) -> Config:
         latents=latents,
         lakehouse=_parse_lakehouse(raw.get("lakehouse") or {}),
         dedup=_parse_dedup(raw.get("dedup") or {}, [s.name for s in sources]),
+        run=run,
     )
 
 

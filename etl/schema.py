@@ -18,6 +18,7 @@ __all__ = [
     "REJECTS_SCHEMA",
     "DEDUP_SCHEMA",
     "DUP_KINDS",
+    "RUNS_SCHEMA",
     "sample_id_col",
 ]
 
@@ -104,6 +105,27 @@ DEDUP_SCHEMA = T.StructType(
         T.StructField("dup_kind", T.StringType(), False),
         T.StructField("cluster_size", T.LongType(), False),
         T.StructField("run_id", T.StringType(), False),
+    ]
+)
+
+# The Delta `runs` ledger: one row per run (stage = "run") and per stage of a run.
+_COUNTS = T.MapType(T.StringType(), T.LongType(), False)
+RUNS_SCHEMA = T.StructType(
+    [
+        T.StructField("run_id", T.StringType(), False),
+        T.StructField("stage", T.StringType(), False),
+        T.StructField("status", T.StringType(), False),  # running|ok|failed|crashed|skipped
+        T.StructField("config_hash", T.StringType(), False),
+        T.StructField("code_version", T.StringType(), False),
+        T.StructField("host", T.StringType(), True),
+        T.StructField("started_at", T.TimestampType(), False),
+        T.StructField("ended_at", T.TimestampType(), True),
+        T.StructField("seconds", T.DoubleType(), True),
+        T.StructField("inputs", _COUNTS, True),
+        T.StructField("outputs", _COUNTS, True),
+        T.StructField("table_versions", _COUNTS, True),
+        T.StructField("export_manifests", T.StringType(), True),  # JSON
+        T.StructField("note", T.StringType(), True),
     ]
 )
 

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from etl.config import Config
+from etl.faults import fault_point
 from etl.jobs.dedup import DedupResult
 from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.samples import ensure_samples
@@ -120,6 +121,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         outcome_counts(prepared).collect(), [s.name for s in cfg.sources]
     )
 
+    fault_point("curate:prepared")
     now = datetime.now(UTC).replace(tzinfo=None)
     accepted = accepted_rows(prepared, run_id=run_id, ingested_at=F.lit(now))
     previous = _first_ingested(spark, curated_path)
@@ -137,6 +139,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     accepted.write.format("lance").mode("overwrite").save(curated_path)
     # Scalar indexes on the columns analysts filter by (an index commit is a version).
     ensure_scalar_indexes(curated_path, cfg.lakehouse.scalar_indexes)
+    fault_point("curate:lance_written")
     sc.setJobDescription("lakeshard curate: merge Delta rejects")
     merge_rejects(spark, rejected_rows(prepared, run_id=run_id), rejects_path)
     sc.setJobDescription(None)

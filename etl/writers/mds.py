@@ -40,6 +40,8 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from etl.faults import fault_point
+
 __all__ = [
     "BlobSource",
     "encode_batch",
@@ -466,6 +468,7 @@ def _write_partitions(
                 shutil.rmtree(attempt, ignore_errors=True)
                 with open(meta_path, encoding="utf-8") as f:
                     meta = json.load(f)
+        fault_point(f"export:part-{pid:05d}")
         yield pa.RecordBatch.from_pylist([{**meta, "resumed": False}], schema=result_schema)
 
     return write, result_schema
@@ -640,6 +643,7 @@ def export_mds(
     with open(os.path.join(staging, "manifest.json"), "w", encoding="utf-8") as f:
         json.dump(final, f, indent=2, sort_keys=True)
 
+    fault_point("export:staged")
     # Swap into place: the previous export (if any) disappears only once this is whole.
     trash = os.path.join(parent, f".{name}.old-{key}")
     shutil.rmtree(trash, ignore_errors=True)

@@ -1,0 +1,190 @@
+"""One real run (in-process, sample sources): the report, its figures and how it
+renders in headless Chromium; the run ledger and `lakeshard runs`; structured events,
+progress and the Spark job groups that name each stage."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+
+import lance
+import numpy as np
+import pytest
+from conftest import make_config
+from PIL import Image
+
+from etl.samples import FOLDER_BAD, FOLDER_FLAGGED, FOLDER_PHOTOS, TABLE_PHOTOS
+
+pytestmark = pytest.mark.slow
+
+
+def _not_blank(path, min_colors=64) -> None:
+    im = np.asarray(Image.open(path).convert("RGB"))
+    assert im.shape[0] > 100 and im.shape[1] > 100, path
+    colors = len(np.unique(im.reshape(-1, 3), axis=0))
+    non_white = float((im.min(axis=2) < 240).mean())
+    assert colors >= min_colors and non_white > 0.02, (path, colors, non_white)
+
+
+@pytest.fixture(scope="module")
+def finished_run(spark, tmp_path_factory):
+    from etl.jobs.run import run_stages
+
+    root = tmp_path_factory.mktemp("report")
+    cfg = make_config(
+        root,
+        sources=[
+            {"name": "photos", "kind": "image_folder", "path": str(root / "in" / "photos"),
+             "sample": True},
+            {"name": "alt", "kind": "table", "path": str(root / "in" / "alt.parquet"),
+             "columns": {"key": "id", "image": "jpg", "caption": "alt_text"}, "sample": True},
+        ],
+        exports={"train": {"partitions": 2}},
+        run={"progress_interval_s": 0.2, "report_samples": 4},
+    )
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record):
+            records.append(record)
+
+    handler = Keep(level=logging.INFO)
+    events_log = logging.getLogger("lakeshard.events")
+    events_log.addHandler(handler)
+    events_log.setLevel(logging.INFO)
+    try:
+        out = run_stages(cfg)
+    finally:
+        events_log.removeHandler(handler)
+    events = [json.loads(r.getMessage()) for r in records]
+    return cfg, out, events
+
+
+def test_report_figures_match_the_sample_definitions(finished_run):
+    cfg, out, _ = finished_run
+    report_dir = os.path.dirname(out.report)
+    assert out.report == os.path.join(cfg.storage.reports_dir, out.run_id, "index.html")
+    data = json.load(open(os.path.join(report_dir, "report.json")))
+
+    # Expected from the sample definitions, not from the pipeline.
+    status = {r["source"]: r for r in data["status"]}
+    assert (status["photos"]["kept"], status["photos"]["flagged"],
+            status["photos"]["rejected"]) == (len(FOLDER_PHOTOS), len(FOLDER_FLAGGED),
+                                              len(FOLDER_BAD))
+    assert (status["alt"]["kept"], status["alt"]["flagged"], status["alt"]["rejected"]) == (
+        len(TABLE_PHOTOS), 0, 2)
+    reasons = {(r["kind"], r["reason"]): r["count"] for r in data["reasons"]}
+    assert reasons == {("rejected", "empty"): 1, ("rejected", "truncated"): 1,
+                       ("rejected", "undecodable"): 2, ("rejected", "missing_image"): 1,
+                       ("flagged", "too_small"): len(FOLDER_FLAGGED)}
+    n_captioned = sum(c is not None for _, c in FOLDER_PHOTOS.values()) + len(
+        FOLDER_FLAGGED) + len(TABLE_PHOTOS)
+    (captions,) = data["captions"]
+    assert captions["version"] == "caption_original" and captions["captions"] == n_captioned
+    assert data["dedup_rates"]["exact (same image_sha256)"] == 0.0
+    assert set(data["seconds"]) == {"curate", "export"}  # the report times itself after
+    assert set(out.seconds) == {"curate", "export", "report"}
+
+    # Contact sheets: kept rows with their captions, the flagged one with its reason.
+    ds = lance.dataset(cfg.storage.lance_table("curated"))
+    rows = {r["sample_id"]: r for r in ds.to_table(
+        columns=["sample_id", "keep", "caption_original", "filter_reason"]).to_pylist()}
+    assert len(data["contact_kept"]) == 4
+    assert all(rows[s]["keep"] for s in data["contact_kept"])
+    assert [rows[s]["filter_reason"] for s in data["contact_flagged"]] == ["too_small"]
+    page = open(out.report, encoding="utf-8").read()
+    for sid in data["contact_kept"]:
+        assert f"thumbs/{sid}.jpg" in page
+        assert os.path.isfile(os.path.join(report_dir, "thumbs", f"{sid}.jpg"))
+        if rows[sid]["caption_original"]:
+            assert rows[sid]["caption_original"][:30].replace("&", "&amp;") in page
+    for name in data["figures"].values():
+        assert f'src="{name}"' in page or name.startswith("contact_")
+        _not_blank(os.path.join(report_dir, name))
+    assert json.load(open(os.path.join(report_dir, "summary.json")))["report"] == out.report
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.mark.skipif(_chromium() is None, reason="no chromium: `make browser` installs it")
+def test_report_renders_in_headless_chromium(finished_run, tmp_path):
+    _, out, _ = finished_run
+    shot = tmp_path / "shot.png"
+    res = subprocess.run(
+        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         "--allow-file-access-from-files", "--window-size=1280,7000",
+         f"--screenshot={shot}", f"file://{out.report}"],
+        capture_output=True, text=True, timeout=180,
+    )
+    assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
+    _not_blank(shot, min_colors=1000)  # charts and the contact sheets' photos
+    # The figures loaded: the top of the page (the timings chart) is not all white.
+    top = np.asarray(Image.open(shot).convert("L"))[:600]
+    assert (top < 200).mean() > 0.01
+
+
+def test_ledger_has_a_row_per_run_and_stage(spark, finished_run):
+    from etl.jobs.runs import format_runs
+    from etl.ledger import RUNS_TABLE, recent_runs
+
+    cfg, out, _ = finished_run
+    path = cfg.storage.delta_table(RUNS_TABLE)
+    rows = {r["stage"]: r for r in recent_runs(spark, path) if r["run_id"] == out.run_id}
+    assert set(rows) == {"run", "curate", "export"}
+    assert {r["status"] for r in rows.values()} == {"ok"}
+    n = len(FOLDER_PHOTOS) + len(FOLDER_FLAGGED) + len(TABLE_PHOTOS)
+    seen = n + len(FOLDER_BAD) + 2
+    cur = rows["curate"]
+    assert cur["inputs"]["seen"] == seen
+    assert (cur["outputs"]["accepted"], cur["outputs"]["rejected"]) == (n, seen - n)
+    assert cur["table_versions"]["lance:curated"] == lance.dataset(
+        cfg.storage.lance_table("curated")).version
+    manifest = json.loads(rows["export"]["export_manifests"])["train"]
+    with open(os.path.join(cfg.storage.export_dir("train"), "manifest.json")) as f:
+        on_disk = json.load(f)
+    assert (manifest["samples"], manifest["checksum"]) == (on_disk["samples"],
+                                                           on_disk["checksum"])
+    assert manifest["samples"] == n - len(FOLDER_FLAGGED)
+    run = rows["run"]
+    assert run["note"] == out.report and run["config_hash"] and run["code_version"]
+    assert run["ended_at"] >= cur["ended_at"] >= cur["started_at"] >= run["started_at"]
+    text = format_runs(recent_runs(spark, path), path, stages=True)
+    assert out.run_id in text and "curate:ok export:ok" in text
+    assert f"accepted={n}" in text
+
+
+def test_events_progress_and_job_groups(spark, finished_run):
+    _, out, events = finished_run
+    kinds = [(e["event"], e.get("stage")) for e in events if e["event"] != "progress"]
+    assert kinds == [("run_start", None), ("stage_start", "curate"), ("stage_end", "curate"),
+                     ("stage_start", "export"), ("stage_end", "export"), ("run_end", None)]
+    assert all(e["run_id"] == out.run_id for e in events)
+    progress = [e for e in events if e["event"] == "progress"]
+    assert progress and all(0 <= e["tasks_done"] <= e["tasks_total"] for e in progress)
+    tracker = spark.sparkContext.statusTracker()
+    for stage in ("curate", "export"):
+        assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-{stage}"), stage
+
+
+def test_a_failing_stage_is_recorded_and_releases_the_lock(spark, finished_run):
+    import dataclasses
+
+    from etl.config import ConfigError, ExportConfig
+    from etl.jobs.run import lock_path, run_stages
+    from etl.ledger import RUNS_TABLE
+
+    cfg, _, _ = finished_run
+    bad = dataclasses.replace(cfg, exports=(ExportConfig(name="bad", where="no_such_col > 1"),))
+    with pytest.raises(ConfigError, match="exports.bad.where"):
+        run_stages(bad, only=("export",), run_id="failing-run")
+    assert not os.path.exists(lock_path(cfg))
+    rows = {r["stage"]: r for r in spark.read.format("delta")
+            .load(cfg.storage.delta_table(RUNS_TABLE)).where("run_id = 'failing-run'").collect()}
+    assert {k: r["status"] for k, r in rows.items()} == {
+        "run": "failed", "export": "failed", "curate": "skipped"}
+    assert "no_such_col" in rows["export"]["note"]
