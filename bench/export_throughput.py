@@ -8,9 +8,8 @@ DataFrame read from the same table (`format("lance")`) handed to `dataframe_to_m
 with the same partitions, `size_limit` and compression. Mosaic's converter gets the
 image column as `bytes` (its `jpeg` encoding would decode and re-encode).
 
-Peak memory: every 20 ms the benchmark sums the resident memory of Spark's Python
-workers (the processes that run the writers) and reports the highest sum and the
-highest single worker, so "bounded by a small multiple of size_limit" can be checked.
+Peak memory: every 20 ms the benchmark reads the resident memory of Spark's Python
+workers (the processes that run the writers) and reports the largest single worker.
 
 Each side runs ROUNDS times, alternating, best time kept. Run:
 
@@ -142,7 +141,9 @@ def main() -> None:
         df = (
             spark.read.format("lance").load(table_path)
             .selectExpr("image", "caption_original as caption", "sample_id", "source",
-                        "width", "height", "original_width", "original_height")
+                        "cast(width as int) as width", "cast(height as int) as height",
+                        "cast(original_width as int) as original_width",
+                        "cast(original_height as int) as original_height")
             .repartition(args.partitions)
         )
         columns = {"image": "bytes", "caption": "str", "sample_id": "str", "source": "str",
@@ -168,12 +169,10 @@ def main() -> None:
     print(f"{args.rows} rows, {mb:.0f} MB of JPEG in a Lance table, {args.partitions} "
           f"partitions, compression={compression}, size_limit={args.size_limit_mb} MiB, "
           f"local[2], best of {ROUNDS} (alternating)")
-    print(f"{'':<28}{'rows/s':>9}{'MB/s':>8}{'peak RSS workers':>18}{'peak one':>10}"
-          f"{'one/size_limit':>16}")
+    print(f"{'':<28}{'rows/s':>9}{'MB/s':>8}{'peak RSS, one worker':>22}")
     for name, t in times.items():
         total, one = peaks[name]
-        print(f"{name:<28}{args.rows / t:>9.0f}{mb / t:>8.1f}{total / 2**20:>15.0f} MiB"
-              f"{one / 2**20:>6.0f} MiB{one / size_limit:>16.1f}")
+        print(f"{name:<28}{args.rows / t:>9.0f}{mb / t:>8.1f}{one / 2**20:>18.0f} MiB")
     ratio = times["streaming dataframe_to_mds"] / times["lakeshard export"]
     print(f"throughput ratio lakeshard/dataframe_to_mds = {ratio:.2f} (target >= 2)")
 

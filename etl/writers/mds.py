@@ -114,6 +114,10 @@ class BlobSource:
     columns: Mapping[str, str] = field(default_factory=dict)  # MDS column -> Lance column
 
 
+# Rows whose blobs (image bytes) one take from Lance fetches: bounds a task's memory
+# to about TAKE_ROWS images beyond the MDS writer's shard cache.
+TAKE_ROWS = 256
+
 _FIXED_NUMPY = {
     "int8": "<i1", "int16": "<i2", "int32": "<i4", "int64": "<i8",
     "uint8": "<u1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8",
@@ -315,7 +319,6 @@ class _BucketRouter:
         self.quality = quality
         self.stack = ExitStack()
         self.writers: dict[int, Any] = {}
-        os.makedirs(attempt, exist_ok=True)
         if self.dims is None:
             self._writer(0)  # one index.json even for an empty partition
 
@@ -367,6 +370,7 @@ class _BucketRouter:
 
     def close(self) -> None:
         self.stack.close()
+        os.makedirs(self.attempt, exist_ok=True)  # a bucketed partition with no rows
 
 
 def _resize_rows(rows: pa.RecordBatch, wh: tuple[int, int], quality: int) -> pa.RecordBatch:
@@ -447,10 +451,16 @@ def _write_partitions(
         router = _BucketRouter(attempt, make_writer, size_limit, buckets, quality)
         try:
             for batch in batches:  # one Arrow batch at a time: never a whole partition
-                if table is not None:
-                    batch = _take_blobs(batch, blobs, table)
-                router.write(batch, columns)
-                samples += batch.num_rows
+                if table is None:
+                    router.write(batch, columns)
+                    samples += batch.num_rows
+                    continue
+                # Batches of small columns are large (TAKE_BATCH_ROWS x 8 per Spark
+                # batch); blobs are taken TAKE_ROWS rows at a time to bound memory.
+                for start in range(0, batch.num_rows, TAKE_ROWS):
+                    part = _take_blobs(batch.slice(start, TAKE_ROWS), blobs, table)
+                    router.write(part, columns)
+                    samples += part.num_rows
         finally:
             router.close()
         meta = {"partition": pid, "samples": samples, "checksum": router.checksum(),
@@ -612,14 +622,23 @@ def export_mds(
         staging, columns, size_limit, compression, hashes, blobs, buckets, jpeg_quality,
         remote, key,
     )
-    sc = rows.sparkSession.sparkContext
+    spark = rows.sparkSession
+    sc = spark.sparkContext
     sc.setJobDescription(f"lakeshard export: write MDS {name}")
+    batch_key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(batch_key, None)
+    if blobs is not None:  # rows are small: big Arrow batches, blobs taken in slices
+        spark.conf.set(batch_key, str(TAKE_ROWS * 8))
     try:
         results = sorted(
             ordered.mapInArrow(write, _RESULT_DDL).collect(), key=lambda r: r["partition"]
         )
     finally:
         sc.setJobDescription(None)
+        if before is None:
+            spark.conf.unset(batch_key)
+        else:
+            spark.conf.set(batch_key, before)
     reported = [r["partition"] for r in results]
     if reported != list(range(partitions)):
         raise RuntimeError(f"export {name}: tasks reported partitions {reported}")
