@@ -25,6 +25,7 @@ __all__ = [
     "PrepareConfig",
     "ExportConfig",
     "SourceConfig",
+    "FetchConfig",
     "load_config",
     "parse_config",
     "default_config_text",
@@ -139,12 +140,36 @@ class SourceConfig:
 
 
 @dataclass(frozen=True)
+class FetchConfig:
+    """Fetching images by reference (URL columns, tar members) inside Spark tasks."""
+
+    timeout_s: float = 10.0  # connect/read timeout and overall deadline per attempt
+    retries: int = 2  # extra attempts for timeouts, connection errors, 429 and 5xx
+    backoff_s: float = 0.5  # first backoff; doubles per attempt (full jitter)
+    max_bytes: int = 64 * 1024 * 1024  # larger bodies end as `too_large`
+    per_host: int = 4  # concurrent requests per host per Python worker
+    threads: int = 16  # concurrent fetches per batch
+    user_agent: str = "lakeshard/0.1 (image-caption dataset builder)"
+
+    def options(self):
+        """The executor-side options of :func:`udfs.fetch.fetch_ref`."""
+        from udfs.fetch import FetchOptions
+
+        return FetchOptions(
+            timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
+            max_bytes=self.max_bytes, per_host=self.per_host, threads=self.threads,
+            user_agent=self.user_agent,
+        )
+
+
+@dataclass(frozen=True)
 class Config:
     storage: StorageConfig
     sources: tuple[SourceConfig, ...]
     spark: SparkConfig = field(default_factory=SparkConfig)
     prepare: PrepareConfig = field(default_factory=PrepareConfig)
     exports: tuple[ExportConfig, ...] = ()
+    fetch: FetchConfig = field(default_factory=FetchConfig)
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -327,6 +352,26 @@ def _parse_exports(raw: Any) -> tuple[ExportConfig, ...]:
     return tuple(out)
 
 
+def _positive_number(raw: Any, where: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0:
+        raise ConfigError(f"{where}: expected a number > 0, got {raw!r}")
+    return float(raw)
+
+
+def _parse_fetch(raw: Any) -> FetchConfig:
+    raw = _check_keys(raw, "fetch", _fields(FetchConfig))
+    d = FetchConfig()
+    return FetchConfig(
+        timeout_s=_positive_number(raw.get("timeout_s", d.timeout_s), "fetch.timeout_s"),
+        retries=_int(raw.get("retries", d.retries), "fetch.retries", 0, 10),
+        backoff_s=_positive_number(raw.get("backoff_s", d.backoff_s), "fetch.backoff_s"),
+        max_bytes=_int(raw.get("max_bytes", d.max_bytes), "fetch.max_bytes", 1),
+        per_host=_int(raw.get("per_host", d.per_host), "fetch.per_host", 1, 256),
+        threads=_int(raw.get("threads", d.threads), "fetch.threads", 1, 256),
+        user_agent=_str(raw.get("user_agent", d.user_agent), "fetch.user_agent"),
+    )
+
+
 def _parse_source(raw: Any, index: int) -> SourceConfig:
     # Import here: the registry imports this module for SourceConfig.
     from etl.sources import SOURCE_KINDS
@@ -370,6 +415,7 @@ def parse_config(raw: Any) -> Config:
         spark=_parse_spark(raw.get("spark") or {}),
         prepare=_parse_prepare(raw.get("prepare") or {}),
         exports=_parse_exports(raw.get("exports") or {}),
+        fetch=_parse_fetch(raw.get("fetch") or {}),
     )
 
 
