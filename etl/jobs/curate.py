@@ -251,25 +251,28 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     upstream = prepared.where(F.col("status") == "ok").select("sample_id", *UPSTREAM_COLUMNS)
     accepted = accepted.join(upstream, "sample_id").select(*accepted.columns, *UPSTREAM_COLUMNS)
     kept = prepared.where(F.col("occurrence") == 1)
-    replaced = _replace_in_curated(spark, curated_path, kept.select("sample_id"))
-    n_accepted = sum(c.accepted for c in counts)
-    if n_accepted or not _lance_exists(curated_path):
+    processed = sum(c.seen for c in counts)
+    replaced = 0
+    if processed:  # a run with nothing new writes nothing but its accounting
+        replaced = _replace_in_curated(spark, curated_path, kept.select("sample_id"))
+    if sum(c.accepted for c in counts) or not _lance_exists(curated_path):
         accepted.write.format("lance").mode("append").save(curated_path)
 
     sc.setJobDescription("lakeshard curate: merge Delta rejects, manifest, accounting")
-    merge_rejects(spark, rejected_rows(prepared, run_id=run_id), rejects_path)
-    ok = F.col("status") == "ok"
-    merge_manifest(
-        spark,
-        kept.withColumns({
-            "status": F.when(ok, F.lit("accepted")).otherwise(F.lit("rejected")),
-            "stage": F.when(~ok, F.col("stage")),
-            "reason": F.when(~ok, F.coalesce("reason", F.lit("unknown"))),
-            "run_id": F.lit(run_id),
-            "ingested_at": F.lit(now),
-        }),
-        manifest_path,
-    )
+    if processed or manifest is None:
+        merge_rejects(spark, rejected_rows(prepared, run_id=run_id), rejects_path)
+        ok = F.col("status") == "ok"
+        merge_manifest(
+            spark,
+            kept.withColumns({
+                "status": F.when(ok, F.lit("accepted")).otherwise(F.lit("rejected")),
+                "stage": F.when(~ok, F.col("stage")),
+                "reason": F.when(~ok, F.coalesce("reason", F.lit("unknown"))),
+                "run_id": F.lit(run_id),
+                "ingested_at": F.lit(now),
+            }),
+            manifest_path,
+        )
     merge_accounting(spark, _accounting_rows(spark, run_id, now, outcome, unchanged),
                      accounting_path)
     sc.setJobDescription(None)

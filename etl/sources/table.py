@@ -56,13 +56,15 @@ def validate_table_mapping(kind: str, source: SourceConfig, where: str) -> None:
         )
 
 
-def check_mapped_columns(source: SourceConfig, names: Iterable[str], what: str) -> None:
+def check_mapped_columns(source: SourceConfig, names: Iterable[str], what: str,
+                         where: str | None = None) -> None:
     names = list(names)
     for field_name, column in sorted(source.columns.items()):
         if column.split(".", 1)[0] not in names:
+            at = f"{where}; " if where else ""
             raise ConfigError(
                 f"source {source.name!r}: columns.{field_name} maps to {column!r}, "
-                f"which the {what} lacks (its columns: {', '.join(names)})"
+                f"which the {what} lacks ({at}its columns: {', '.join(names)})"
             )
 
 
@@ -101,7 +103,7 @@ class TableSource(SourceAdapter):
         path = uri[len("file:"):]
         names = _peek_columns(path, fmt)
         if names is not None:
-            check_mapped_columns(source, names, f"table ({os.path.basename(path)})")
+            check_mapped_columns(source, names, "table", os.path.basename(path))
 
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
@@ -109,7 +111,6 @@ class TableSource(SourceAdapter):
         files = self._files(source)
         mapping = dict(source.columns)
         units = spark.createDataFrame(files, "uri string, format string")
-        units = units.repartition(max(1, min(len(files), 256)), "uri")
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:

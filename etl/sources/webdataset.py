@@ -55,7 +55,6 @@ class WebDatasetSource(SourceAdapter):
                   if f.uri not in skip]
         mapping = {"caption": "caption", **dict(source.columns)}
         units = spark.createDataFrame(shards, "uri string, size long, fingerprint string")
-        units = units.repartition(max(1, min(len(shards), 256)), "uri")
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
@@ -94,6 +93,8 @@ def list_tar(uri: str, size: int, fp: str, mapping: dict[str, str]) -> list[dict
                 try:
                     member = tf.next()
                 except (tarfile.TarError, EOFError, OSError) as exc:
+                    if tf.offset >= size:
+                        break  # the last member runs past the end: rejected as truncated
                     broken.append(_reject(f"{name}#broken@{tf.offset}", uri, fp,
                                           "broken_tar", f"{type(exc).__name__}: {exc}"))
                     break
