@@ -36,6 +36,7 @@ __all__ = [
     "DedupConfig",
     "DEDUP_POLICY_KEYS",
     "RunConfig",
+    "FetchConfig",
     "load_config",
     "parse_config",
     "default_config_text",
@@ -352,6 +353,29 @@ class RunConfig:
 
 
 @dataclass(frozen=True)
+class FetchConfig:
+    """Fetching images by reference (URL columns, tar members) inside Spark tasks."""
+
+    timeout_s: float = 10.0  # connect/read timeout and overall deadline per attempt
+    retries: int = 2  # extra attempts for timeouts, connection errors, 429 and 5xx
+    backoff_s: float = 0.5  # first backoff; doubles per attempt (full jitter)
+    max_bytes: int = 64 * 1024 * 1024  # larger bodies end as `too_large`
+    per_host: int = 4  # concurrent requests per host per Python worker
+    threads: int = 16  # concurrent fetches per batch
+    user_agent: str = "lakeshard/0.1 (image-caption dataset builder)"
+
+    def options(self):
+        """The executor-side options of :func:`udfs.fetch.fetch_ref`."""
+        from udfs.fetch import FetchOptions
+
+        return FetchOptions(
+            timeout_s=self.timeout_s, retries=self.retries, backoff_s=self.backoff_s,
+            max_bytes=self.max_bytes, per_host=self.per_host, threads=self.threads,
+            user_agent=self.user_agent,
+        )
+
+
+@dataclass(frozen=True)
 class Config:
     storage: StorageConfig
     sources: tuple[SourceConfig, ...]
@@ -363,6 +387,7 @@ class Config:
     lakehouse: LakehouseConfig = field(default_factory=LakehouseConfig)
     dedup: DedupConfig = field(default_factory=DedupConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    fetch: FetchConfig = field(default_factory=FetchConfig)
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:
@@ -805,6 +830,24 @@ def _parse_dedup(raw: Any, source_names: list[str]) -> DedupConfig:
             f"{out.keys_per_hash} LSH keys per hash (at most 1000); use fewer bands"
         )
     return out
+def _positive_number(raw: Any, where: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float)) or raw <= 0:
+        raise ConfigError(f"{where}: expected a number > 0, got {raw!r}")
+    return float(raw)
+
+
+def _parse_fetch(raw: Any) -> FetchConfig:
+    raw = _check_keys(raw, "fetch", _fields(FetchConfig))
+    d = FetchConfig()
+    return FetchConfig(
+        timeout_s=_positive_number(raw.get("timeout_s", d.timeout_s), "fetch.timeout_s"),
+        retries=_int(raw.get("retries", d.retries), "fetch.retries", 0, 10),
+        backoff_s=_positive_number(raw.get("backoff_s", d.backoff_s), "fetch.backoff_s"),
+        max_bytes=_int(raw.get("max_bytes", d.max_bytes), "fetch.max_bytes", 1),
+        per_host=_int(raw.get("per_host", d.per_host), "fetch.per_host", 1, 256),
+        threads=_int(raw.get("threads", d.threads), "fetch.threads", 1, 256),
+        user_agent=_str(raw.get("user_agent", d.user_agent), "fetch.user_agent"),
+    )
 
 
 def _parse_source(raw: Any, index: int) -> SourceConfig:
@@ -999,6 +1042,7 @@ def parse_config(raw: Any) -> Config:
         lakehouse=_parse_lakehouse(raw.get("lakehouse") or {}),
         dedup=_parse_dedup(raw.get("dedup") or {}, [s.name for s in sources]),
         run=run,
+        fetch=_parse_fetch(raw.get("fetch") or {}),
     )
 
 

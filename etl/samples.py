@@ -20,7 +20,10 @@ from PIL import Image
 from etl.config import Config, ConfigError, SourceConfig
 from etl.sources.base import is_local_path, local_path
 
-__all__ = ["ensure_samples", "FOLDER_PHOTOS", "FOLDER_FLAGGED", "FOLDER_BAD", "TABLE_PHOTOS"]
+__all__ = [
+    "ensure_samples", "FOLDER_PHOTOS", "FOLDER_FLAGGED", "FOLDER_BAD", "TABLE_PHOTOS",
+    "TAR_PHOTOS", "URL_PHOTOS", "DELTA_PHOTOS", "LANCE_PHOTOS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +107,115 @@ def _build_table(path: Path) -> None:
     pq.write_table(pa.Table.from_pylist(rows, schema=schema), path)
 
 
-_BUILDERS = {"image_folder": _build_image_folder, "table": _build_table}
+# WebDataset shards: key -> (skimage file or None, caption or None); two shards.
+TAR_PHOTOS = {
+    "shard-000.tar": [("0000", "grass.png", "Green grass, close up."),
+                      ("0001", "gravel.png", "A gravel path texture."),
+                      ("0002", None, "a caption whose image is missing")],
+    "shard-001.tar": [("0003", "horse.png", "A silhouette of a horse."),
+                      ("0004", "rocket.jpg", "A rocket on its launch pad.")],
+}
+# URL list (JSONL): key -> (skimage file or None, caption); file:// URLs into a folder
+# next to it, so `make run` needs no network; one URL names a file that is not there.
+URL_PHOTOS = [("u-astro", "astronaut.png", "An astronaut portrait."),
+              ("u-coffee", "coffee.png", "A cup of coffee seen from above."),
+              ("u-gone", None, "an image whose URL is dead")]
+# Existing tables (Delta and Lance) with embedded bytes; one row without a caption
+# value (null) is rejected as missing_caption.
+DELTA_PHOTOS = [("d-camera", "camera.png", "A cameraman with a tripod."),
+                ("d-moon", "moon.png", "The moon's surface, grey and cratered."),
+                ("d-nocap", "text.png", None)]
+LANCE_PHOTOS = [("l-clock", "clock_motion.png", "A clock face, blurred by motion."),
+                ("l-cell", "cell.png", "A cell under a microscope.")]
+
+
+def _tar_bytes(members: list[tuple[str, bytes]]) -> bytes:
+    import tarfile
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 0
+            tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _build_webdataset(path: Path) -> None:
+    folder = path.parent if any(c in path.name for c in "*?[{") else path
+    folder.mkdir(parents=True, exist_ok=True)
+    for shard, items in TAR_PHOTOS.items():
+        members = []
+        for key, name, caption in items:
+            if name is not None:
+                ext = name.rsplit(".", 1)[1]
+                members.append((f"{key}.{ext}", _skimage_file(name)))
+            members.append((f"{key}.txt", caption.encode()))
+        (folder / shard).write_bytes(_tar_bytes(members))
+
+
+def _build_url_list(path: Path) -> None:
+    import json
+
+    images = path.parent / (path.stem + "-files")
+    images.mkdir(parents=True, exist_ok=True)
+    lines = []
+    for key, name, caption in URL_PHOTOS:
+        target = images / f"{key}.{(name or 'x.jpg').rsplit('.', 1)[1]}"
+        if name is not None:
+            target.write_bytes(_skimage_file(name))
+        lines.append(json.dumps({"key": key, "url": target.resolve().as_uri(),
+                                 "caption": caption, "punsafe": 0.02}))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _photo_table(items) -> pa.Table:
+    return pa.table({
+        "key": [k for k, _, _ in items],
+        "image": [_skimage_file(n) for _, n, _ in items],
+        "caption": pa.array([c for _, _, c in items], pa.string()),
+    })
+
+
+def _build_delta(path: Path) -> None:
+    """A Delta table written by the protocol (one parquet file + one commit), so the
+    sample needs no Spark session: Spark reads it like any Delta table."""
+    import json
+    import time
+    import uuid
+
+    from pyspark.sql import types as T
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "_delta_log").mkdir()
+    data = "part-00000-sample.snappy.parquet"
+    pq.write_table(_photo_table(DELTA_PHOTOS), path / data)
+    schema = T.StructType([T.StructField("key", T.StringType()),
+                           T.StructField("image", T.BinaryType()),
+                           T.StructField("caption", T.StringType())])
+    now = int(time.time() * 1000)
+    actions = [
+        {"protocol": {"minReaderVersion": 1, "minWriterVersion": 2}},
+        {"metaData": {"id": str(uuid.uuid4()), "format": {"provider": "parquet", "options": {}},
+                      "schemaString": schema.json(), "partitionColumns": [],
+                      "configuration": {}, "createdTime": now}},
+        {"add": {"path": data, "partitionValues": {}, "size": (path / data).stat().st_size,
+                 "modificationTime": now, "dataChange": True}},
+    ]
+    (path / "_delta_log" / "00000000000000000000.json").write_text(
+        "\n".join(json.dumps(a) for a in actions) + "\n", encoding="utf-8")
+
+
+def _build_lance(path: Path) -> None:
+    import lance
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lance.write_dataset(_photo_table(LANCE_PHOTOS), str(path))
+
+
+_BUILDERS = {"image_folder": _build_image_folder, "table": _build_table,
+             "webdataset": _build_webdataset, "delta": _build_delta, "lance": _build_lance}
 
 
 def ensure_samples(cfg: Config) -> list[SourceConfig]:
@@ -119,9 +230,15 @@ def ensure_samples(cfg: Config) -> list[SourceConfig]:
                 f"{' or '.join(sorted(_BUILDERS))}"
             )
         path = local_path(src.path)
-        if path.exists():
+        builder = _BUILDERS[src.kind]
+        if src.kind == "table" and "url" in src.columns:
+            builder = _build_url_list
+        if src.kind == "webdataset":
+            if path.parent.exists() and any(path.parent.glob("*.tar")):
+                continue
+        elif path.exists():
             continue
         log.info("building sample source %s at %s", src.name, path)
-        _BUILDERS[src.kind](path)
+        builder(path)
         built.append(src)
     return built

@@ -19,6 +19,12 @@ __all__ = [
     "DEDUP_SCHEMA",
     "DUP_KINDS",
     "RUNS_SCHEMA",
+    "UPSTREAM_FIELDS",
+    "UPSTREAM_COLUMNS",
+    "SOURCE_SCHEMA",
+    "SOURCE_COLUMNS",
+    "MANIFEST_SCHEMA",
+    "ACCOUNTING_SCHEMA",
     "sample_id_col",
 ]
 
@@ -126,6 +132,68 @@ RUNS_SCHEMA = T.StructType(
         T.StructField("table_versions", _COUNTS, True),
         T.StructField("export_manifests", T.StringType(), True),  # JSON
         T.StructField("note", T.StringType(), True),
+    ]
+)
+
+
+# Curation a source already carries, kept as the source gave it (never recomputed):
+# `columns: {quality: aesthetic, nsfw: NSFW, watermark: pwatermark, pii: pii}`.
+UPSTREAM_FIELDS = [
+    T.StructField("upstream_quality", T.DoubleType(), True),
+    T.StructField("upstream_nsfw", T.StringType(), True),
+    T.StructField("upstream_watermark", T.DoubleType(), True),
+    T.StructField("upstream_pii", T.StringType(), True),
+]
+UPSTREAM_COLUMNS = tuple(f.name for f in UPSTREAM_FIELDS)
+
+# Where a record's image is when the source does not embed it: a URI (local path,
+# file://, http(s)://, s3://, or a tar shard) and an optional byte range inside it.
+_IMAGE_REF_FIELDS = [
+    T.StructField("image_ref", T.StringType(), True),
+    T.StructField("image_offset", T.LongType(), True),
+    T.StructField("image_length", T.LongType(), True),
+]
+# What a source adapter returns (after `finish_ingest`): the ingest columns, the
+# upstream flags, the image reference, and the record's fingerprint (file size and
+# modification time for folders and tars; null for tables, which are keyed).
+SOURCE_SCHEMA = T.StructType(
+    list(INGEST_SCHEMA.fields)
+    + UPSTREAM_FIELDS
+    + _IMAGE_REF_FIELDS
+    + [T.StructField("fingerprint", T.StringType(), True)]
+)
+SOURCE_COLUMNS = tuple(SOURCE_SCHEMA.fieldNames())
+
+# The bronze `samples` manifest (Delta): one row per source record ever ingested,
+# accepted or rejected, MERGEd on sample_id. It references the image (source_uri /
+# image_ref) instead of copying it; the prepared JPEG lives in the curated table.
+MANIFEST_SCHEMA = T.StructType(
+    _RECORD_FIELDS
+    + _SOURCE_FIELDS
+    + UPSTREAM_FIELDS
+    + _IMAGE_REF_FIELDS
+    + [
+        T.StructField("fingerprint", T.StringType(), True),
+        T.StructField("status", T.StringType(), False),  # accepted | rejected
+        T.StructField("stage", T.StringType(), True),  # where a reject happened
+        T.StructField("reason", T.StringType(), True),
+        T.StructField("run_id", T.StringType(), False),
+        T.StructField("ingested_at", T.TimestampType(), False),
+    ]
+)
+
+# The Delta `accounting` table: per run and source, how many records ended where.
+# status: accepted | rejected | unchanged (already in the manifest, not reprocessed).
+ACCOUNTING_SCHEMA = T.StructType(
+    [
+        T.StructField("run_id", T.StringType(), False),
+        T.StructField("run_at", T.TimestampType(), False),
+        T.StructField("source", T.StringType(), False),
+        T.StructField("status", T.StringType(), False),
+        T.StructField("stage", T.StringType(), True),
+        T.StructField("reason", T.StringType(), True),
+        T.StructField("filter_reason", T.StringType(), True),
+        T.StructField("count", T.LongType(), False),
     ]
 )
 

@@ -20,7 +20,9 @@ def make_config(root: Path, sources: list[dict] | None = None, **extra):
         "spark": {
             "master": "local[2]",
             "jars_dir": str(JARS_DIR),
-            "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false"},
+            "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
+                     # Delta rebuilds a table's state in 50 tasks by default: slow here.
+                     "spark.databricks.delta.snapshotPartitions": "2"},
         },
         "sources": sources or [{"name": "dummy", "kind": "image_folder", "path": str(root)}],
         **extra,

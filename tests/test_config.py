@@ -16,10 +16,10 @@ def _raw(tmp_path, **over):
     return raw
 
 
-def test_embedded_default_parses_with_both_sample_sources():
+def test_embedded_default_parses_with_a_sample_source_of_each_kind():
     cfg = load_config(None)
     kinds = {s.kind for s in cfg.sources}
-    assert kinds == {"image_folder", "table"}
+    assert kinds == {"image_folder", "table", "webdataset", "delta", "lance"}
     assert all(s.sample for s in cfg.sources)
     assert cfg.prepare.jpeg_quality == 92
     assert [e.name for e in cfg.exports] == ["default"]

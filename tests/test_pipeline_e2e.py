@@ -127,15 +127,14 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
     summary = json.load(open(os.path.join(cfg.storage.reports_dir, run_id, "summary.json")))
     assert summary["curate"]["curated_rows"] == n
 
-    # A second run: same rows, same rejects, byte-identical export; one more version for
-    # the write, plus one per scalar index curate rebuilds on the overwritten table.
-    from etl.lakehouse.indexes import indexed_columns
-
-    n_indexes = len(indexed_columns(cfg.storage.lance_table("curated")))
-    assert n_indexes == 5  # source, keep, filter_reason, width, height (no aspect_bucket)
+    # A second run on unchanged sources processes nothing (incremental): every record is
+    # `unchanged`, the curated table gets no new version, the export is untouched.
     before = _snapshot(cfg)
-    run(cfg)
+    _, cur2, _ = run(cfg)
     assert _snapshot(cfg) == before
-    curated = lance.dataset(cfg.storage.lance_table("curated"))
-    assert curated.version == ds.version + 1 + n_indexes
+    assert {c.source: (c.seen, c.unchanged) for c in cur2.counts} == {
+        "photos": (0, counts["photos"].seen), "alt": (0, counts["alt"].seen)}
+    assert lance.dataset(cfg.storage.lance_table("curated")).version == ds.version
     assert spark.read.format("delta").load(cfg.storage.delta_table("rejects")).count() == 5
+    manifest = spark.read.format("delta").load(cfg.storage.delta_table("samples"))
+    assert manifest.count() == counts["photos"].seen + counts["alt"].seen

@@ -1,48 +1,96 @@
-"""Source adapters against real files on disk."""
+"""Source adapters against real files on disk; config errors before any Spark job."""
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import jpeg_bytes, png_bytes
+from conftest import jpeg_bytes, make_config, png_bytes
 
 from etl.config import ConfigError, SourceConfig
-from etl.schema import INGEST_COLUMNS
+from etl.schema import SOURCE_COLUMNS
 from etl.sources import adapter_for, finish_ingest
+from etl.sources.listing import expand_braces
+from udfs.fetch import fetch_ref
 
 
 def _read(spark, src):
     adapter = adapter_for(src.kind)
     adapter.check_inputs(src)
     df = finish_ingest(adapter.read(spark, src), src)
-    assert tuple(df.columns) == INGEST_COLUMNS
+    assert tuple(df.columns) == SOURCE_COLUMNS
     return {r.source_key: r for r in df.collect()}
 
 
-def test_image_folder_recursive_with_sidecar_captions_and_empty_files(spark, tmp_path):
+def _bytes(row):
+    """The image bytes a row carries or references."""
+    if row.image_bytes is not None:
+        return row.image_bytes
+    return fetch_ref(row.image_ref, row.image_offset, row.image_length).data
+
+
+def test_image_folder_recursive_with_sidecars_and_empty_files(spark, tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "a.jpg").write_bytes(jpeg_bytes())
     (tmp_path / "a.txt").write_text("  a red square \n")
     (tmp_path / "sub" / "b.PNG").write_bytes(png_bytes())
+    (tmp_path / "sub" / "c.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "sub" / "c.json").write_text(json.dumps(
+        {"caption": "from json", "lic": "CC0", "wm": 0.25, "photographer": "ann"}))
     (tmp_path / "sub" / "empty.jpg").write_bytes(b"")
     (tmp_path / "readme.md").write_text("not an image")
-    src = SourceConfig(name="f", kind="image_folder", path=str(tmp_path))
+    src = SourceConfig(name="f", kind="image_folder", path=str(tmp_path),
+                       columns={"license": "lic", "watermark": "wm"})
     rows = _read(spark, src)
-    assert set(rows) == {"a.jpg", "sub/b.PNG", "sub/empty.jpg"}
+    assert set(rows) == {"a.jpg", "sub/b.PNG", "sub/c.jpg", "sub/empty.jpg"}
     assert rows["a.jpg"].caption_original == "a red square"
     assert rows["sub/b.PNG"].caption_original is None
-    assert rows["a.jpg"].image_bytes == jpeg_bytes()
-    assert rows["sub/empty.jpg"].image_bytes == b""  # counted, rejected later as empty
+    c = rows["sub/c.jpg"]
+    assert (c.caption_original, c.license, c.upstream_watermark) == ("from json", "CC0", 0.25)
+    assert json.loads(c.metadata_json) == {"photographer": "ann"}
+    assert _bytes(rows["a.jpg"]) == jpeg_bytes()
+    assert _bytes(rows["sub/empty.jpg"]) == b""  # counted, rejected later as empty
     assert all(r.read_status == "ok" for r in rows.values())
+    # size:mtime of the image (and its sidecars): what incremental runs compare
+    assert rows["a.jpg"].fingerprint.startswith(f"{len(jpeg_bytes())}:")
+    assert "|txt:" in rows["a.jpg"].fingerprint
 
 
 def test_image_folder_missing_path_fails_before_spark(tmp_path):
     src = SourceConfig(name="gone", kind="image_folder", path=str(tmp_path / "nope"))
     with pytest.raises(ConfigError, match="'gone'.*does not exist"):
         adapter_for(src.kind).check_inputs(src)
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_webdataset_groups_members_by_key_over_brace_patterns(spark, tmp_path):
+    _tar(tmp_path / "s-00.tar", [("x/001.jpg", jpeg_bytes()), ("x/001.txt", b"first"),
+                                 ("002.png", png_bytes()), ("002.json", b'{"caption": "2nd"}')])
+    _tar(tmp_path / "s-01.tar", [("003.webp", b"RIFF"), ("003.cls", b"7")])
+    _tar(tmp_path / "s-02.tar", [("004.jpg", b"not in the pattern")])
+    src = SourceConfig(name="w", kind="webdataset", path=str(tmp_path / "s-{00..01}.tar"))
+    rows = _read(spark, src)
+    assert set(rows) == {"x/001", "002", "003"}
+    assert (rows["x/001"].caption_original, rows["002"].caption_original) == ("first", "2nd")
+    assert _bytes(rows["x/001"]) == jpeg_bytes() and _bytes(rows["002"]) == png_bytes()
+    assert rows["003"].image_bytes is None and _bytes(rows["003"]) == b"RIFF"
+    assert rows["x/001"].source_uri.endswith("s-00.tar")
+
+
+def test_brace_expansion():
+    assert expand_braces("a{1,2}-{08..10}") == ["a1-08", "a1-09", "a1-10", "a2-08", "a2-09",
+                                               "a2-10"]
 
 
 def _write_table(path, rows):
@@ -59,15 +107,37 @@ def test_table_maps_columns_and_keeps_the_rest_as_metadata(spark, tmp_path):
         {"id": None, "img": b"zz", "alt": "no key", "score": 0.2},
     ])
     src = SourceConfig(name="t", kind="table", path=str(path),
-                       columns={"key": "id", "image": "img", "caption": "alt"})
+                       columns={"key": "id", "image": "img", "caption": "alt",
+                                "quality": "score"})
     rows = _read(spark, src)
-    assert rows["1"].caption_original == "cap one"
-    assert json.loads(rows["1"].metadata_json) == {"score": 0.5}
+    assert rows["1"].caption_original == "cap one" and rows["1"].upstream_quality == 0.5
+    assert rows["1"].metadata_json is None  # every column mapped
     assert (rows["1"].read_status, rows["2"].read_status) == ("ok", "rejected")
     assert rows["2"].read_reason == "missing_image"
     nokey = [r for k, r in rows.items() if k.startswith("null-key:")]
     assert len(nokey) == 1 and nokey[0].read_reason == "missing_key"
     assert rows["1"].source_uri.endswith("t.parquet")
+
+
+def test_table_csv_and_jsonl_with_url_references(spark, tmp_path):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "a.jpg").write_bytes(jpeg_bytes())
+    (tmp_path / "list.csv").write_text(
+        "key,path,caption,extra\nk1,imgs/a.jpg,a csv caption,x\n"
+        f"k2,{(tmp_path / 'imgs' / 'a.jpg').as_uri()},second,y\n")
+    rows = _read(spark, SourceConfig(name="c", kind="table", path=str(tmp_path / "list.csv"),
+                                     columns={"key": "key", "url": "path", "caption": "caption"}))
+    assert _bytes(rows["k1"]) == jpeg_bytes() and _bytes(rows["k2"]) == jpeg_bytes()
+    assert json.loads(rows["k1"].metadata_json) == {"extra": "x"}
+    (tmp_path / "list.jsonl").write_text(
+        json.dumps({"k": 1, "u": "https://example.org/a.jpg", "c": "x", "NSFW": "UNLIKELY"})
+        + "\n")
+    rows = _read(spark, SourceConfig(name="j", kind="table", path=str(tmp_path / "list.jsonl"),
+                                     columns={"key": "k", "url": "u", "caption": "c",
+                                              "nsfw": "NSFW"}))
+    r = rows["1"]
+    assert (r.image_ref, r.source_uri, r.upstream_nsfw) == (
+        "https://example.org/a.jpg", "https://example.org/a.jpg", "UNLIKELY")
 
 
 def test_table_mapping_to_missing_column_fails_before_spark(tmp_path):
@@ -77,4 +147,62 @@ def test_table_mapping_to_missing_column_fails_before_spark(tmp_path):
                        columns={"key": "id", "image": "image_bytes"})
     needle = "columns.image maps to 'image_bytes', which the table lacks"
     with pytest.raises(ConfigError, match=needle):
+        adapter_for(src.kind).check_inputs(src)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "jsonl"])
+def test_text_table_mapping_to_missing_column_fails(tmp_path, fmt):
+    path = tmp_path / f"t.{fmt}"
+    path.write_text("id,url\n1,a.jpg\n" if fmt == "csv" else '{"id": 1, "url": "a.jpg"}\n')
+    src = SourceConfig(name="t", kind="table", path=str(path),
+                       columns={"key": "id", "url": "url", "caption": "text"})
+    with pytest.raises(ConfigError, match="'t': columns.caption maps to 'text'"):
+        adapter_for(src.kind).check_inputs(src)
+
+
+def test_lance_and_delta_mapping_checked_against_the_table(tmp_path):
+    import lance
+
+    lance.write_dataset(pa.table({"key": ["a"], "img": [b"x"]}), str(tmp_path / "t.lance"))
+    src = SourceConfig(name="ln", kind="lance", path=str(tmp_path / "t.lance"),
+                       columns={"key": "key", "image": "jpg"})
+    with pytest.raises(ConfigError, match="'ln': columns.image maps to 'jpg'"):
+        adapter_for(src.kind).check_inputs(src)
+    src = SourceConfig(name="dl", kind="delta", path=str(tmp_path),
+                       columns={"key": "key", "image": "img"})
+    with pytest.raises(ConfigError, match="'dl': path: .*not a Delta table"):
+        adapter_for(src.kind).check_inputs(src)
+
+
+@pytest.mark.parametrize(
+    "source, needle",
+    [
+        ({"kind": "ftp", "path": "/x"}, r"sources\[0\] \(s\)\.kind: unknown kind 'ftp'"),
+        ({"kind": "table", "path": "/x", "columns": {"key": "k"}},
+         r"\(s\)\.columns: map exactly one of 'image'"),
+        ({"kind": "delta", "path": "/x", "columns": {"key": "k", "image": "i", "url": "u"}},
+         r"\(s\)\.columns: map exactly one of 'image'"),
+        ({"kind": "lance", "path": "/x", "columns": {"image": "i"}},
+         r"\(s\)\.columns\.key: required"),
+        ({"kind": "webdataset", "path": "/x", "columns": {"key": "k"}},
+         r"\(s\)\.columns: 'key' is not a field a webdataset source can map"),
+        ({"kind": "table", "path": "/x", "format": "xml",
+          "columns": {"key": "k", "image": "i"}}, r"\(s\)\.format: 'xml'"),
+    ],
+)
+def test_bad_source_config_names_the_source_and_field(tmp_path, source, needle):
+    with pytest.raises(ConfigError, match=needle):
+        make_config(tmp_path, sources=[{"name": "s", **source}])
+
+
+def test_fetch_config_is_validated(tmp_path):
+    with pytest.raises(ConfigError, match="fetch.per_host"):
+        make_config(tmp_path, fetch={"per_host": 0})
+    with pytest.raises(ConfigError, match="fetch: unknown key 'proxy'"):
+        make_config(tmp_path, fetch={"proxy": "x"})
+
+
+def test_webdataset_pattern_matching_nothing_fails_before_spark(tmp_path):
+    src = SourceConfig(name="w", kind="webdataset", path=str(tmp_path / "s-{0..3}.tar"))
+    with pytest.raises(ConfigError, match="'w': path .* matches no tar shard"):
         adapter_for(src.kind).check_inputs(src)

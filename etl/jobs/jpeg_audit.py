@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from etl.config import Config
+from etl.jobs.curate import fetch_images
 from etl.quality import audit_image, summarise
 from etl.sources import adapter_for, finish_ingest
 
@@ -25,11 +26,15 @@ def jpeg_audit(
     src = cfg.source(source)
     adapter = adapter_for(src.kind)
     rows = (
-        finish_ingest(adapter.read(spark, src), src)
+        fetch_images(
+            finish_ingest(adapter.read(spark, src), src)
+            .where(F.col("read_status") == "ok")
+            .orderBy(F.xxhash64("source_key", F.lit(seed)))
+            .limit(sample * 3),  # some may not decode; they are skipped, not counted
+            cfg.fetch.options(),
+        )
         .where(F.col("read_status") == "ok")
         .select("source_key", "image_bytes")
-        .orderBy(F.xxhash64("source_key", F.lit(seed)))
-        .limit(sample * 3)  # some may not decode; they are skipped, not counted
         .collect()
     )
     audits, skipped = [], []

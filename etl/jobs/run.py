@@ -77,24 +77,30 @@ def format_summary(run_id: str, cur: CurateResult | None, exports: list[ExportRe
     lines = [f"lakeshard run {run_id}"]
     if cur is not None:
         header = (
-            f"{'source':<20} {'seen':>7} {'accepted':>9} {'rejected':>9} {'flagged':>8}  "
-            "reasons (rejected; flagged)"
+            f"{'source':<20} {'seen':>7} {'accepted':>9} {'rejected':>9} {'flagged':>8} "
+            f"{'unchanged':>10}  reasons (rejected; flagged)"
         )
         lines += ["", header, "-" * len(header)]
         for c in cur.counts:
             why = ", ".join(f"{k}={v}" for k, v in {**c.reasons, **c.filtered}.items()) or "-"
             lines.append(
                 f"{c.source:<20} {c.seen:>7} {c.accepted:>9} {c.rejected:>9} "
-                f"{sum(c.filtered.values()):>8}  {why}"
+                f"{sum(c.filtered.values()):>8} {c.unchanged:>10}  {why}"
             )
         tot = [sum(getattr(c, f) for c in cur.counts) for f in ("seen", "accepted", "rejected")]
         flagged = sum(sum(c.filtered.values()) for c in cur.counts)
-        lines.append(f"{'total':<20} {tot[0]:>7} {tot[1]:>9} {tot[2]:>9} {flagged:>8}")
+        same = sum(c.unchanged for c in cur.counts)
+        lines.append(
+            f"{'total':<20} {tot[0]:>7} {tot[1]:>9} {tot[2]:>9} {flagged:>8} {same:>10}"
+        )
         lines += [
             "",
             f"curated (Lance) : {cur.curated_path}  version {cur.curated_version}, "
             f"{cur.curated_rows} rows",
             f"rejects (Delta) : {cur.rejects_path}",
+            f"manifest (Delta): {cur.manifest_path}",
+            f"accounting      : {cur.accounting_path}  (Delta; one row per run, source, "
+            "outcome, reason)",
         ]
     for e in exports:
         resumed = f", {e.resumed_partitions} partition(s) reused" if e.resumed_partitions else ""

@@ -1,9 +1,10 @@
 """Source adapters: one per ``kind``, registered in ``SOURCE_KINDS``.
 
-Each adapter turns one configured source into rows of the common ingest schema
-(:data:`etl.schema.INGEST_SCHEMA`). Adapters are checked twice on the driver before any
-Spark job: ``validate_config`` on the parsed config alone, ``check_inputs`` against the
-inputs themselves (paths exist, mapped columns exist).
+Each adapter turns one configured source into rows of the common source schema
+(:data:`etl.schema.SOURCE_SCHEMA`, via :func:`finish_ingest`). Adapters are checked
+twice on the driver before any Spark job: ``validate_config`` on the parsed config
+alone, ``check_inputs`` against the inputs themselves (paths exist, mapped columns
+exist).
 """
 
 from __future__ import annotations
@@ -11,12 +12,20 @@ from __future__ import annotations
 from etl.sources.base import SourceAdapter, finish_ingest
 from etl.sources.image_folder import ImageFolderSource
 from etl.sources.table import TableSource
+from etl.sources.tables import DeltaSource, LanceSource
+from etl.sources.webdataset import WebDatasetSource
 
 __all__ = ["SOURCE_KINDS", "SourceAdapter", "finish_ingest", "adapter_for"]
 
 SOURCE_KINDS: dict[str, SourceAdapter] = {
-    ImageFolderSource.kind: ImageFolderSource(),
-    TableSource.kind: TableSource(),
+    a.kind: a
+    for a in (
+        ImageFolderSource(),
+        WebDatasetSource(),
+        TableSource(),
+        DeltaSource(),
+        LanceSource(),
+    )
 }
 
 

@@ -10,9 +10,15 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from etl.config import ConfigError, SourceConfig
-from etl.schema import INGEST_COLUMNS, sample_id_col
+from etl.schema import SOURCE_SCHEMA, sample_id_col
 
-__all__ = ["SourceAdapter", "finish_ingest", "is_local_path", "local_path"]
+__all__ = [
+    "SourceAdapter", "finish_ingest", "is_local_path", "local_path", "require_exists",
+    "file_uri", "FLAG_KEYS",
+]
+
+# Mapping keys for the upstream flags every kind may map (to a column or JSON field).
+FLAG_KEYS = frozenset({"quality", "nsfw", "watermark", "pii"})
 
 
 class SourceAdapter(ABC):
@@ -38,24 +44,42 @@ class SourceAdapter(ABC):
         """Driver-side checks against the inputs (no Spark job): paths, columns."""
 
     @abstractmethod
-    def read(self, spark: SparkSession, source: SourceConfig) -> DataFrame:
-        """Rows with source_key, source_uri, caption_original, license, metadata_json,
-        image_bytes, read_status, read_reason; :func:`finish_ingest` adds the rest."""
+    def read(
+        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
+    ) -> DataFrame:
+        """Rows of :data:`etl.sources.records.RAW_SCHEMA`: one per input record, the
+        image either embedded (`image_bytes`) or referenced (`image_ref` + range), read
+        failures as `read_status`/`read_reason`. `skip`: containers (see
+        :meth:`containers`) known unchanged, not to be opened at all."""
+
+    def containers(self, source: SourceConfig) -> dict[str, str] | None:
+        """Files holding many records (tar shards) -> fingerprint, listed on the driver,
+        for kinds that can skip an unchanged container whole; None for other kinds."""
+        return None
 
 
 def finish_ingest(df: DataFrame, source: SourceConfig) -> DataFrame:
     """Add `source` and the stable `sample_id`, apply the source's default licence,
-    and return exactly the common ingest columns."""
+    and return exactly the source columns (:data:`etl.schema.SOURCE_SCHEMA`); columns
+    an adapter does not produce are null."""
     out = df.withColumn("source", F.lit(source.name))
+    for f in SOURCE_SCHEMA.fields:
+        if f.name not in out.columns and f.name != "sample_id":
+            out = out.withColumn(f.name, F.lit(None).cast(f.dataType))
     if source.license is not None:
         out = out.withColumn("license", F.coalesce(F.col("license"), F.lit(source.license)))
     out = out.withColumn("sample_id", sample_id_col(F.col("source"), F.col("source_key")))
-    return out.select(*INGEST_COLUMNS)
+    return out.select(*SOURCE_SCHEMA.fieldNames())
 
 
 def is_local_path(path: str) -> bool:
     scheme = urlparse(path).scheme
     return scheme in ("", "file") or len(scheme) == 1  # a Windows drive letter
+
+
+def file_uri(path: str | Path) -> str:
+    """`file:/abs/path`: the spelling Spark's file sources use for local files."""
+    return "file:" + str(Path(path).resolve())
 
 
 def local_path(path: str) -> Path:

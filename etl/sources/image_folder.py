@@ -1,22 +1,48 @@
-"""`image_folder`: a directory tree of images with optional `<stem>.txt` captions."""
+"""`image_folder`: a directory tree of images with optional sidecars.
+
+`<stem>.txt` holds the caption; `<stem>.json` may hold the caption and other fields
+(`columns:` maps common fields to JSON fields, default `caption: caption`; a `.txt`
+caption wins). The listing runs on the driver (local or fsspec), so every file is
+counted (Spark's file scan would skip zero-length files) and each record's
+fingerprint is the size and mtime of the image and its sidecars: a nightly run
+re-reads only what changed. Image bytes are not read here: `image_ref` points at
+the file and curate reads it only for new or changed records.
+"""
 
 from __future__ import annotations
 
-import re
+import json
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
 from etl.config import ConfigError, SourceConfig
-from etl.sources.base import SourceAdapter, is_local_path, local_path, require_exists
+from etl.sources.base import (
+    FLAG_KEYS,
+    SourceAdapter,
+    is_local_path,
+    local_path,
+    require_exists,
+)
+from etl.sources.listing import fingerprint, list_files
+from etl.sources.records import RAW_SCHEMA, map_fields
 
 __all__ = ["ImageFolderSource", "IMAGE_EXTENSIONS"]
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
+_SIDECAR_CAP = 1 << 20
+
+_SIDECAR_FIELDS = [
+    "caption_original", "license", "upstream_quality", "upstream_nsfw",
+    "upstream_watermark", "upstream_pii", "metadata_json", "read_status", "read_reason",
+]
+_SIDECAR_TYPE = T.StructType([RAW_SCHEMA[f] for f in _SIDECAR_FIELDS])
 
 
 class ImageFolderSource(SourceAdapter):
     kind = "image_folder"
+    mappable = frozenset({"caption", "license"}) | FLAG_KEYS
 
     def check_inputs(self, source: SourceConfig) -> None:
         require_exists(source)
@@ -26,66 +52,78 @@ class ImageFolderSource(SourceAdapter):
                 "(field sources[].path; kind image_folder reads a folder)"
             )
 
-    def read(self, spark: SparkSession, source: SourceConfig) -> DataFrame:
-        root = _root_uri(source.path)
-        reader = spark.read.format("binaryFile").option("recursiveFileLookup", "true")
-        contents = reader.load(source.path)
-        # Spark's file scan skips zero-length files, so the listing (which the driver
-        # holds anyway) is the record of what was seen; an empty file joins no content
-        # and becomes a row with empty bytes, rejected later as `empty`.
+    def read(
+        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
+    ) -> DataFrame:
+        files = list_files(source.path)
+        by_stem: dict[str, dict] = {}
+        for f in files:
+            stem, _, ext = f.rel.rpartition(".")
+            if not stem:
+                continue
+            by_stem.setdefault(stem, {}).setdefault(ext.lower(), f)
+        rows = []
+        for f in files:
+            stem, _, ext = f.rel.rpartition(".")
+            if not stem or ext.lower() not in IMAGE_EXTENSIONS:
+                continue
+            side = by_stem.get(stem, {})
+            txt, js = side.get("txt"), side.get("json")
+            fp = "|".join(
+                [fingerprint(f)] + [f"{k}:{fingerprint(s)}" for k, s in
+                                    (("txt", txt), ("json", js)) if s is not None]
+            )
+            rows.append((f.rel, f.uri, txt.uri if txt else None, js.uri if js else None, fp))
         listing = spark.createDataFrame(
-            [(_normalise_uri(p),) for p in contents.inputFiles()], "source_uri string"
+            rows,
+            "source_key string, source_uri string, txt_uri string, json_uri string, "
+            "fingerprint string",
         )
-        files = (
-            listing.join(
-                contents.select(
-                    F.regexp_replace("path", "^file:/+", "file:/").alias("source_uri"),
-                    "content",
-                ),
-                "source_uri",
-                "left",
-            )
-            .select(
-                "source_uri",
-                F.coalesce("content", F.lit(b"")).alias("content"),
-                F.regexp_extract("source_uri", r"\.([^./]+)$", 1).alias("ext"),
-                F.regexp_replace("source_uri", r"\.[^./]+$", "").alias("stem_uri"),
-            )
-        )
-        images = files.where(F.lower("ext").isin(*IMAGE_EXTENSIONS))
-        captions = files.where(F.lower("ext") == "txt").select(
-            "stem_uri",
-            F.regexp_replace(F.decode("content", "UTF-8"), r"^\s+|\s+$", "").alias(
-                "caption_original"
-            ),
-        )
-        # A stem may have several images (a.jpg and a.png): both get the same caption.
-        joined = images.join(captions, "stem_uri", "left")
-        return joined.select(
-            _relative(F.col("source_uri"), root).alias("source_key"),
+        mapping = {"caption": "caption", **dict(source.columns)}
+        side = _sidecar_udf(mapping)(F.col("txt_uri"), F.col("json_uri"))
+        out = listing.withColumn("_side", side).select(
+            "source_key",
             "source_uri",
-            F.when(F.length("caption_original") > 0, F.col("caption_original")).alias(
-                "caption_original"
-            ),
-            F.lit(None).cast("string").alias("license"),
-            F.lit(None).cast("string").alias("metadata_json"),
-            F.col("content").alias("image_bytes"),
-            F.lit("ok").alias("read_status"),
-            F.lit(None).cast("string").alias("read_reason"),
+            *[F.col("_side")[c].alias(c) for c in _SIDECAR_FIELDS],
+            F.lit(None).cast("binary").alias("image_bytes"),
+            F.col("source_uri").alias("image_ref"),
+            F.lit(None).cast("long").alias("image_offset"),
+            F.lit(None).cast("long").alias("image_length"),
+            "fingerprint",
         )
+        return out.select(*RAW_SCHEMA.fieldNames())
 
 
-def _normalise_uri(uri: str) -> str:
-    """file:///a/b and file:/a/b name the same file; Spark uses both spellings."""
-    return re.sub(r"^file:/+", "file:/", uri)
+def _sidecar_udf(mapping: dict[str, str]):
+    def parse(txt_uri, json_uri):
+        from udfs.fetch import FetchOptions, fetch_ref
 
+        opts = FetchOptions(max_bytes=_SIDECAR_CAP)
+        record: dict = {}
+        bad = None
+        if json_uri:
+            res = fetch_ref(json_uri, opts=opts)
+            try:
+                if res.status != "ok":
+                    raise ValueError(res.status)
+                record = json.loads(res.data.decode("utf-8")) if res.data.strip() else {}
+                if not isinstance(record, dict):
+                    raise ValueError("not a JSON object")
+            except (ValueError, UnicodeDecodeError):
+                record, bad = {}, "invalid_sidecar"
+        out = map_fields(record, mapping)
+        if txt_uri:
+            res = fetch_ref(txt_uri, opts=opts)
+            try:
+                text = res.data.decode("utf-8").strip() if res.status == "ok" else None
+            except UnicodeDecodeError:
+                text, bad = None, bad or "invalid_caption"
+            if text:
+                if out["read_reason"] in ("missing_caption", "invalid_caption"):
+                    out.update(read_status="ok", read_reason=None)
+                out["caption_original"] = text
+        if bad is not None and out["read_status"] == "ok":
+            out.update(read_status="rejected", read_reason=bad)
+        return out
 
-def _root_uri(path: str) -> str:
-    """The prefix Spark's binaryFile puts before every file under `path`."""
-    if is_local_path(path):
-        return "file:" + str(local_path(path).resolve()).rstrip("/") + "/"
-    return path.rstrip("/") + "/"
-
-
-def _relative(uri, root: str):
-    return F.when(uri.startswith(root), F.substring(uri, len(root) + 1, 1 << 20)).otherwise(uri)
+    return F.udf(parse, _SIDECAR_TYPE)

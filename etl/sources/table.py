@@ -1,85 +1,264 @@
-"""`table`: parquet files with embedded image bytes plus caption and metadata columns.
+"""`table`: parquet, JSONL or CSV files (a file, a folder or a glob) whose rows carry
+either embedded image bytes (`image:`) or an image reference (`url:` — a local path,
+relative to the table's folder, `file://`, `http(s)://`, `s3://`…), plus caption,
+licence and upstream-flag columns. This covers Hugging Face datasets exported to
+parquet (`image: image.bytes`) and LAION/DataComp-style URL lists.
 
-The `columns:` mapping names the source columns for the common fields, e.g.
-``{key: id, image: jpg, caption: alt_text}``; a nested field is written with a dot
-(``image: image.bytes`` for Hugging Face datasets exported to parquet). Every column
-not mapped (and not binary) is kept as JSON in `metadata_json`.
+``columns:`` maps common fields to source columns, e.g.
+``{key: id, url: url, caption: caption, nsfw: NSFW, watermark: pwatermark}``. Every
+column not mapped (and not binary) is kept as JSON in `metadata_json`.
+
+Files are read in Spark tasks with pyarrow — parquet one row group at a time — so a
+bad part becomes rejects instead of a failed job: an unreadable row group rejects its
+rows (`unreadable_row_group`, the count comes from the footer), an unreadable file is
+one `unreadable_file` reject, a JSONL line that is not a JSON object or a CSV row with
+the wrong number of fields is `malformed_row`.
 """
 
 from __future__ import annotations
 
-import pyarrow.dataset as pads
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
 from etl.config import ConfigError, SourceConfig
-from etl.sources.base import SourceAdapter, is_local_path, local_path, require_exists
+from etl.sources.base import FLAG_KEYS, SourceAdapter, is_local_path, require_exists
+from etl.sources.listing import expand_pattern
+from etl.sources.records import (
+    MISSING,
+    RAW_ARROW_SCHEMA,
+    RAW_SCHEMA,
+    lookup,
+    map_fields,
+    raw_row,
+)
 
-__all__ = ["TableSource"]
+__all__ = ["TableSource", "map_table_rows", "TABLE_MAPPABLE"]
 
-_FORMATS = ("parquet",)
+_FORMATS = ("parquet", "jsonl", "json", "csv")
+_EXT_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl",
+               ".ndjson": "jsonl", ".csv": "csv"}
+TABLE_MAPPABLE = frozenset({"key", "image", "url", "caption", "license"}) | FLAG_KEYS
+
+
+def validate_table_mapping(kind: str, source: SourceConfig, where: str) -> None:
+    cols = source.columns
+    if "key" not in cols:
+        raise ConfigError(f"{where}.columns.key: required for kind {kind!r}")
+    if ("image" in cols) == ("url" in cols):
+        raise ConfigError(
+            f"{where}.columns: map exactly one of 'image' (embedded bytes) or 'url' "
+            f"(an image reference) for kind {kind!r}"
+        )
+
+
+def check_mapped_columns(source: SourceConfig, names: Iterable[str], what: str,
+                         where: str | None = None) -> None:
+    names = list(names)
+    for field_name, column in sorted(source.columns.items()):
+        if column.split(".", 1)[0] not in names:
+            at = f"{where}; " if where else ""
+            raise ConfigError(
+                f"source {source.name!r}: columns.{field_name} maps to {column!r}, "
+                f"which the {what} lacks ({at}its columns: {', '.join(names)})"
+            )
 
 
 class TableSource(SourceAdapter):
     kind = "table"
-    mappable = frozenset({"key", "image", "caption", "license"})
-    required_mapping = frozenset({"key", "image"})
+    mappable = TABLE_MAPPABLE
 
     def validate_config(self, source: SourceConfig, where: str) -> None:
         super().validate_config(source, where)
-        fmt = source.format or "parquet"
-        if fmt not in _FORMATS:
-            raise ConfigError(f"{where}.format: {fmt!r} is not one of {', '.join(_FORMATS)}")
+        validate_table_mapping(self.kind, source, where)
+        if source.format is not None and source.format not in _FORMATS:
+            raise ConfigError(
+                f"{where}.format: {source.format!r} is not one of {', '.join(_FORMATS)}"
+            )
+
+    def _files(self, source: SourceConfig) -> list[tuple[str, str]]:
+        files = []
+        for f in expand_pattern(source.path):
+            fmt = source.format or _EXT_FORMAT.get(os.path.splitext(f.uri)[1].lower())
+            if fmt is None:
+                continue  # _SUCCESS, README… next to the data files
+            files.append((f.uri, "jsonl" if fmt == "json" else fmt))
+        return files
 
     def check_inputs(self, source: SourceConfig) -> None:
         require_exists(source)
+        files = self._files(source)
+        if not files:
+            raise ConfigError(
+                f"source {source.name!r}: path {source.path!r} holds no parquet, JSONL or "
+                "CSV file (field sources[].path; set `format:` for other extensions)"
+            )
         if not is_local_path(source.path):
-            return  # object stores are checked by Spark's own listing
-        schema = pads.dataset(str(local_path(source.path)), format="parquet").schema
-        for field_name, column in sorted(source.columns.items()):
-            top = column.split(".", 1)[0]
-            if top not in schema.names:
-                raise ConfigError(
-                    f"source {source.name!r}: columns.{field_name} maps to {column!r}, "
-                    f"which the table lacks (its columns: {', '.join(schema.names)})"
+            return
+        uri, fmt = files[0]
+        path = uri[len("file:"):]
+        names = _peek_columns(path, fmt)
+        if names is not None:
+            check_mapped_columns(source, names, "table", os.path.basename(path))
+
+    def read(
+        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
+    ) -> DataFrame:
+        files = self._files(source)
+        mapping = dict(source.columns)
+        units = spark.createDataFrame(files, "uri string, format string")
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for unit in batch.to_pylist():
+                    for rows in _read_file(unit["uri"], unit["format"], mapping):
+                        if rows:
+                            yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
+
+        return units.mapInArrow(run, RAW_SCHEMA)
+
+
+def _peek_columns(path: str, fmt: str) -> list[str] | None:
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            return list(pq.read_schema(path).names)
+        if fmt == "csv":
+            import csv
+
+            with open(path, newline="", encoding="utf-8") as f:
+                return next(csv.reader(f), [])
+        names: dict[str, None] = {}
+        with open(path, encoding="utf-8") as f:
+            for _, line in zip(range(100), f, strict=False):
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(obj, dict):
+                    names.update(dict.fromkeys(obj))
+        return list(names)
+    except (OSError, ValueError, pa.ArrowException):
+        return None  # an unreadable file is a reject at read time, not a config error
+
+
+def _local(uri: str) -> str:
+    return uri[len("file:"):] if uri.startswith("file:") else uri
+
+
+def _open(uri: str, mode: str = "rb"):
+    if uri.startswith("file:"):
+        return open(_local(uri), mode)
+    import fsspec
+
+    return fsspec.open(uri, mode).open()
+
+
+def _read_file(uri: str, fmt: str, mapping: dict[str, str]) -> Iterator[list[dict]]:
+    base = uri.rsplit("/", 1)[0]
+    name = uri.rsplit("/", 1)[-1]
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            pf = pq.ParquetFile(_open(uri))
+            start = 0
+            for i in range(pf.num_row_groups):
+                n = pf.metadata.row_group(i).num_rows
+                try:
+                    records = pf.read_row_group(i).to_pylist()
+                except Exception as exc:  # noqa: BLE001 - any decode error rejects the group
+                    yield [_reject(f"{name}#rg{i}/row{j}", uri, "unreadable_row_group",
+                                   f"{type(exc).__name__}: {exc}") for j in range(n)]
+                else:
+                    yield map_table_rows(records, mapping, uri, base, start)
+                start += n
+        elif fmt == "jsonl":
+            records, bad = [], []
+            with _open(uri) as fh:
+                for lineno, raw in enumerate(fh, 1):
+                    if not raw.strip():
+                        continue
+                    try:
+                        obj = json.loads(raw)
+                    except ValueError as exc:
+                        obj = exc
+                    if isinstance(obj, dict):
+                        records.append((lineno, obj))
+                    else:
+                        bad.append(_reject(f"{name}#line{lineno}", uri, "malformed_row",
+                                           f"not a JSON object: {str(obj)[:200]}"))
+            yield [row for lineno, rec in records
+                   for row in map_table_rows([rec], mapping, uri, base, lineno)] + bad
+        else:
+            import pyarrow.csv as pcsv
+
+            bad = []
+
+            def on_invalid(row) -> str:
+                bad.append(_reject(f"{name}#row{row.number}", uri, "malformed_row",
+                                   f"{row.actual_columns} fields, expected "
+                                   f"{row.expected_columns}: {row.text[:200]}"))
+                return "skip"
+
+            with _open(uri) as fh:
+                table = pcsv.read_csv(
+                    fh,
+                    parse_options=pcsv.ParseOptions(invalid_row_handler=on_invalid),
+                    convert_options=pcsv.ConvertOptions(strings_can_be_null=True),
                 )
+            yield map_table_rows(table.to_pylist(), mapping, uri, base, 0) + bad
+    except Exception as exc:  # noqa: BLE001 - the file is this record's outcome
+        yield [_reject(f"{name}#unreadable", uri, "unreadable_file",
+                       f"{type(exc).__name__}: {exc}")]
 
-    def read(self, spark: SparkSession, source: SourceConfig) -> DataFrame:
-        df = spark.read.parquet(source.path)
-        cols = source.columns
-        mapped_top = {c.split(".", 1)[0] for c in cols.values()}
-        rest = [
-            f.name
-            for f in df.schema.fields
-            if f.name not in mapped_top and not isinstance(f.dataType, T.BinaryType)
-        ]
-        image = F.col(cols["image"]).cast("binary")
-        key = F.col(cols["key"]).cast("string")
-        status = (
-            F.when(key.isNull(), F.lit("missing_key"))
-            .when(image.isNull(), F.lit("missing_image"))
-        )
-        return df.select(
-            # A row without a key is still counted: it gets a content-derived key and
-            # is rejected as missing_key.
-            F.coalesce(
-                key, F.concat(F.lit("null-key:"), F.sha2(F.coalesce(image, F.lit(b"")), 256))
-            ).alias("source_key"),
-            F.col("_metadata.file_path").alias("source_uri"),
-            _opt(cols, "caption").alias("caption_original"),
-            _opt(cols, "license").alias("license"),
-            (F.to_json(F.struct(*rest)) if rest else F.lit(None).cast("string")).alias(
-                "metadata_json"
-            ),
-            image.alias("image_bytes"),
-            F.when(status.isNull(), F.lit("ok")).otherwise(F.lit("rejected")).alias(
-                "read_status"
-            ),
-            status.alias("read_reason"),
-        )
 
-def _opt(cols: dict, field_name: str):
-    if field_name in cols:
-        return F.col(cols[field_name]).cast("string")
-    return F.lit(None).cast("string")
+def _resolve_ref(ref: Any, base: str) -> str | None:
+    if not isinstance(ref, str) or not ref.strip():
+        return None
+    ref = ref.strip()
+    if "://" in ref or ref.startswith("file:"):
+        return ref
+    if os.path.isabs(ref):
+        return "file:" + ref
+    return f"{base}/{ref}"  # relative to the table's own folder
+
+
+def map_table_rows(records: list[Mapping[str, Any]], mapping: Mapping[str, str], uri: str,
+                   base: str, start: int) -> list[dict]:
+    """RAW_SCHEMA rows for table records (row numbers from `start`, for keyless rows)."""
+    out = []
+    name = uri.rsplit("/", 1)[-1]
+    for i, rec in enumerate(records):
+        fields = map_fields(rec, mapping)
+        key = lookup(rec, mapping["key"])
+        status, reason = fields.pop("read_status"), fields.pop("read_reason")
+        image = ref = None
+        if "image" in mapping:
+            image = lookup(rec, mapping["image"])
+            if isinstance(image, str):
+                image = image.encode("latin-1", errors="replace")
+            image = bytes(image) if isinstance(image, (bytes, bytearray, memoryview)) else None
+        else:
+            ref = _resolve_ref(lookup(rec, mapping["url"]), base)
+        if key is MISSING or key is None or (isinstance(key, str) and not key.strip()):
+            key, status, reason = f"null-key:{name}#{start + i}", "rejected", "missing_key"
+        elif image is None and ref is None:
+            status, reason = "rejected", "missing_image"
+        out.append(raw_row(
+            source_key=str(key),
+            source_uri=ref if ref is not None and "://" in ref else uri,
+            **fields, read_status=status, read_reason=reason,
+            image_bytes=image, image_ref=ref,
+        ))
+    return out
+
+
+def _reject(key: str, uri: str, reason: str, detail: str) -> dict:
+    return raw_row(source_key=key, source_uri=uri, read_status="rejected",
+                   read_reason=reason, metadata_json=json.dumps({"detail": detail}))

@@ -1,0 +1,167 @@
+"""`webdataset`: tar shards whose members are grouped by key (`<key>.jpg` +
+`<key>.txt` / `<key>.json`), local or on any fsspec filesystem, named by a path,
+a glob or a brace pattern (`shards/{0000..0099}.tar`).
+
+The tar index is read inside Spark tasks (one task per shard): member headers,
+plus the small caption/JSON members. Image bytes are not read here; each record
+references its image as (shard, byte offset, length) and curate reads that range
+only for new records. A shard whose size and mtime match the manifest is not opened
+at all (see :meth:`containers`).
+
+Bad input: a key with a caption but no image is ``missing_image``; a member whose
+data runs past the end of the file is ``truncated``; a shard that is not a tar, or
+whose headers break midway, adds a ``broken_tar`` reject (the members before the
+break are kept).
+"""
+
+from __future__ import annotations
+
+import json
+import tarfile
+from collections.abc import Iterator
+
+import pyarrow as pa
+from pyspark.sql import DataFrame, SparkSession
+
+from etl.config import ConfigError, SourceConfig
+from etl.sources.base import FLAG_KEYS, SourceAdapter
+from etl.sources.listing import expand_pattern, fingerprint
+from etl.sources.records import RAW_ARROW_SCHEMA, RAW_SCHEMA, map_fields, raw_row
+
+__all__ = ["WebDatasetSource", "list_tar"]
+
+IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
+_SMALL = 1 << 20
+
+
+class WebDatasetSource(SourceAdapter):
+    kind = "webdataset"
+    mappable = frozenset({"caption", "license"}) | FLAG_KEYS
+
+    def check_inputs(self, source: SourceConfig) -> None:
+        if not expand_pattern(source.path):
+            raise ConfigError(
+                f"source {source.name!r}: path {source.path!r} does not exist or matches "
+                "no tar shard (field sources[].path)"
+            )
+
+    def containers(self, source: SourceConfig) -> dict[str, str]:
+        return {f.uri: fingerprint(f) for f in expand_pattern(source.path)}
+
+    def read(
+        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
+    ) -> DataFrame:
+        shards = [(f.uri, f.size, fingerprint(f)) for f in expand_pattern(source.path)
+                  if f.uri not in skip]
+        mapping = {"caption": "caption", **dict(source.columns)}
+        units = spark.createDataFrame(shards, "uri string, size long, fingerprint string")
+
+        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for batch in batches:
+                for unit in batch.to_pylist():
+                    rows = list_tar(unit["uri"], unit["size"], unit["fingerprint"], mapping)
+                    if rows:
+                        yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
+
+        return units.mapInArrow(run, RAW_SCHEMA)
+
+
+def _open(uri: str):
+    if uri.startswith("file:"):
+        return open(uri[len("file:"):], "rb")
+    import fsspec
+
+    return fsspec.open(uri, "rb").open()
+
+
+def _key_ext(name: str) -> tuple[str, str]:
+    """WebDataset convention: the key is the path up to the first dot of the basename."""
+    head, _, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    return (f"{head}/{stem}" if head else stem), (ext.lower() if dot else "")
+
+
+def list_tar(uri: str, size: int, fp: str, mapping: dict[str, str]) -> list[dict]:
+    """The records of one shard (RAW_SCHEMA rows), never raising for bad data."""
+    name = uri.rsplit("/", 1)[-1]
+    groups: dict[str, dict[str, tarfile.TarInfo]] = {}
+    small: dict[tuple[str, str], bytes] = {}
+    broken: list[dict] = []
+    try:
+        with _open(uri) as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
+            while True:
+                try:
+                    member = tf.next()
+                except (tarfile.TarError, EOFError, OSError) as exc:
+                    if tf.offset >= size:
+                        break  # the last member runs past the end: rejected as truncated
+                    broken.append(_reject(f"{name}#broken@{tf.offset}", uri, fp,
+                                          "broken_tar", f"{type(exc).__name__}: {exc}"))
+                    break
+                if member is None:
+                    break
+                if not member.isfile():
+                    continue
+                key, ext = _key_ext(member.name)
+                groups.setdefault(key, {}).setdefault(ext, member)
+                if ext in ("txt", "json") and member.size <= _SMALL and \
+                        member.offset_data + member.size <= size:
+                    small[(key, ext)] = tf.extractfile(member).read()
+            end = tf.offset
+            if end < size:
+                fh.seek(end)
+                tail = fh.read(min(size - end, 1 << 16))
+                if tail.strip(b"\0"):
+                    broken.append(_reject(f"{name}#broken@{end}", uri, fp, "broken_tar",
+                                          f"unreadable data after byte {end}"))
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        return [_reject(f"{name}#unreadable", uri, fp, "broken_tar",
+                        f"{type(exc).__name__}: {exc}")]
+
+    rows = []
+    for key, members in groups.items():
+        image_ext = next((e for e in IMAGE_EXTS if e in members), None)
+        record: dict = {}
+        bad = None
+        if (key, "json") in small:
+            try:
+                record = json.loads(small[(key, "json")].decode("utf-8"))
+                if not isinstance(record, dict):
+                    raise ValueError("not an object")
+            except (ValueError, UnicodeDecodeError):
+                record, bad = {}, "invalid_sidecar"
+        fields = map_fields(record, mapping)
+        if (key, "txt") in small:
+            try:
+                text = small[(key, "txt")].decode("utf-8").strip()
+            except UnicodeDecodeError:
+                text, bad = None, bad or "invalid_caption"
+            if text:
+                if fields["read_reason"] in ("missing_caption", "invalid_caption"):
+                    fields.update(read_status="ok", read_reason=None)
+                fields["caption_original"] = text
+        meta = json.loads(fields["metadata_json"]) if fields["metadata_json"] else {}
+        meta["tar_members"] = sorted(m.name for m in members.values())
+        if image_ext is None:
+            bad = "missing_image"
+        elif members[image_ext].offset_data + members[image_ext].size > size:
+            bad = "truncated"
+            meta["reject_detail"] = f"{members[image_ext].name} runs past the end of {name}"
+        fields["metadata_json"] = json.dumps(meta, sort_keys=True)
+        if bad is not None and fields["read_status"] == "ok":
+            fields.update(read_status="rejected", read_reason=bad)
+        img = members.get(image_ext) if image_ext else None
+        rows.append(raw_row(
+            source_key=key, source_uri=uri, **fields,
+            image_ref=uri if img is not None else None,
+            image_offset=img.offset_data if img is not None else None,
+            image_length=img.size if img is not None else None,
+            fingerprint=fp,
+        ))
+    return rows + broken
+
+
+def _reject(key: str, uri: str, fp: str, reason: str, detail: str) -> dict:
+    return raw_row(source_key=key, source_uri=uri, read_status="rejected",
+                   read_reason=reason, fingerprint=fp,
+                   metadata_json=json.dumps({"detail": detail}))
