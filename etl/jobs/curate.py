@@ -300,7 +300,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     if replaced:
         log.info("curate: replaced %d curated rows of changed records", replaced)
     return CurateResult(curated_path, ds.version, ds.count_rows(), rejects_path, counts,
-                        manifest_path, accounting_path)
+                        manifest_path=manifest_path, accounting_path=accounting_path)
 
 
 def _lance_exists(path: str) -> bool:
