@@ -111,7 +111,8 @@ def test_killed_runs_then_a_plain_rerun_match_an_uninterrupted_run(spark, tmp_pa
     for point in KILL_POINTS:
         res = _lakeshard(conf, kill_at=point)
         assert res.returncode == -9, (point, res.returncode, res.stderr[-3000:])
-        assert f"LAKESHARD_KILL_AT={point}" in res.stderr
+        if ":part-" not in point:  # an executor's note dies with the JVM relaying it
+            assert f"LAKESHARD_KILL_AT={point}" in res.stderr
         assert os.path.exists(lock_path(cfg)), f"{point}: a killed run leaves its lock"
     # What the kills left: a table written by a killed run, a partial export.
     assert lance.dataset(cfg.storage.lance_table("curated")).count_rows() == n_rows

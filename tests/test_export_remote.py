@@ -75,7 +75,15 @@ def test_export_to_s3_streams_back_verifies_and_cleans_up(s3, tmp_path):
         "sources": [
             {"name": "pics", "kind": "image_folder", "path": str(tmp_path / "pics"), "sample": True}
         ],
-        "exports": {"default": {"partitions": 2, "size_limit": 65536, "path": url, "where": None}},
+        "exports": {
+            "default": {
+                "partitions": 2,
+                "size_limit": 65536,
+                "path": url,
+                "where": None,
+                "include_duplicates": True,
+            }
+        },
     }
     path = tmp_path / "conf.yaml"
     path.write_text(yaml.safe_dump(conf))

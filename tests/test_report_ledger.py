@@ -85,8 +85,9 @@ def test_report_figures_match_the_sample_definitions(finished_run):
     (captions,) = data["captions"]
     assert captions["version"] == "caption_original" and captions["captions"] == n_captioned
     assert data["dedup_rates"]["exact (same image_sha256)"] == 0.0
-    assert set(data["seconds"]) == {"curate", "export"}  # the report times itself after
-    assert set(out.seconds) == {"curate", "export", "report"}
+    # The report times itself after; caption has no versions configured here.
+    assert set(data["seconds"]) == {"curate", "dedup", "caption", "export"}
+    assert set(out.seconds) == {"curate", "dedup", "caption", "export", "report"}
 
     # Contact sheets: kept rows with their captions, the flagged one with its reason.
     ds = lance.dataset(cfg.storage.lance_table("curated"))
@@ -135,7 +136,7 @@ def test_ledger_has_a_row_per_run_and_stage(spark, finished_run):
     cfg, out, _ = finished_run
     path = cfg.storage.delta_table(RUNS_TABLE)
     rows = {r["stage"]: r for r in recent_runs(spark, path) if r["run_id"] == out.run_id}
-    assert set(rows) == {"run", "curate", "export"}
+    assert set(rows) == {"run", "curate", "dedup", "caption", "export"}
     assert {r["status"] for r in rows.values()} == {"ok"}
     n = len(FOLDER_PHOTOS) + len(FOLDER_FLAGGED) + len(TABLE_PHOTOS)
     seen = n + len(FOLDER_BAD) + 2
@@ -161,13 +162,14 @@ def test_ledger_has_a_row_per_run_and_stage(spark, finished_run):
 def test_events_progress_and_job_groups(spark, finished_run):
     _, out, events = finished_run
     kinds = [(e["event"], e.get("stage")) for e in events if e["event"] != "progress"]
-    assert kinds == [("run_start", None), ("stage_start", "curate"), ("stage_end", "curate"),
-                     ("stage_start", "export"), ("stage_end", "export"), ("run_end", None)]
+    stages = [(f"stage_{e}", s) for s in ("curate", "dedup", "caption", "export")
+              for e in ("start", "end")]
+    assert kinds == [("run_start", None), *stages, ("run_end", None)]
     assert all(e["run_id"] == out.run_id for e in events)
     progress = [e for e in events if e["event"] == "progress"]
     assert progress and all(0 <= e["tasks_done"] <= e["tasks_total"] for e in progress)
     tracker = spark.sparkContext.statusTracker()
-    for stage in ("curate", "export"):
+    for stage in ("curate", "dedup", "export"):  # caption: nothing to do, no Spark job
         assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-{stage}"), stage
 
 
@@ -186,5 +188,6 @@ def test_a_failing_stage_is_recorded_and_releases_the_lock(spark, finished_run):
     rows = {r["stage"]: r for r in spark.read.format("delta")
             .load(cfg.storage.delta_table(RUNS_TABLE)).where("run_id = 'failing-run'").collect()}
     assert {k: r["status"] for k, r in rows.items()} == {
-        "run": "failed", "export": "failed", "curate": "skipped"}
+        "run": "failed", "export": "failed", "curate": "skipped", "dedup": "skipped",
+        "caption": "skipped"}
     assert "no_such_col" in rows["export"]["note"]

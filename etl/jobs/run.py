@@ -11,6 +11,7 @@ report (``<root>/reports/<run_id>/index.html``), ``summary.json`` and the run's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -316,4 +317,7 @@ def run(cfg: Config, *, stages: tuple[str, ...] | None = None,
                                                                list[ExportResult]]:
     """Compatibility wrapper: run `stages` (default: the configured ones)."""
     out = run_stages(cfg, only=tuple(stages or ()), export_names=export_names)
-    return out.run_id, out.curate, out.exports
+    cur = out.curate
+    if cur is not None and out.dedup is not None:
+        cur = dataclasses.replace(cur, dedup=out.dedup)
+    return out.run_id, cur, out.exports
