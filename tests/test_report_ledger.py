@@ -42,7 +42,7 @@ def finished_run(spark, tmp_path_factory):
             {"name": "alt", "kind": "table", "path": str(root / "in" / "alt.parquet"),
              "columns": {"key": "id", "image": "jpg", "caption": "alt_text"}, "sample": True},
         ],
-        exports={"train": {"partitions": 2}},
+        exports={"train": {"partitions": 2, "include_duplicates": True}},
         run={"progress_interval_s": 0.2, "report_samples": 4},
     )
     records: list[logging.LogRecord] = []
@@ -155,7 +155,7 @@ def test_ledger_has_a_row_per_run_and_stage(spark, finished_run):
     assert run["note"] == out.report and run["config_hash"] and run["code_version"]
     assert run["ended_at"] >= cur["ended_at"] >= cur["started_at"] >= run["started_at"]
     text = format_runs(recent_runs(spark, path), path, stages=True)
-    assert out.run_id in text and "curate:ok export:ok" in text
+    assert out.run_id in text and "curate:ok dedup:ok caption:ok export:ok" in text
     assert f"accepted={n}" in text
 
 
