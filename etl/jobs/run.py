@@ -103,6 +103,10 @@ def format_summary(run_id: str, cur: CurateResult | None, exports: list[ExportRe
             f"accounting      : {cur.accounting_path}  (Delta; one row per run, source, "
             "outcome, reason)",
         ]
+        if cur.dedup is not None:  # attached by run(); `lakeshard run` prints it per stage
+            from etl.jobs.dedup import format_dedup
+
+            lines += ["", format_dedup(cur.dedup), ""]
     for e in exports:
         resumed = f", {e.resumed_partitions} partition(s) reused" if e.resumed_partitions else ""
         lines.append(
