@@ -10,13 +10,15 @@ Both sides decode and re-encode the same images as JPEG q92 with the same librar
 * loop   -- lakeshard's prepare_image in the same Pool, to separate the cost of the
             extra per-image work from the cost of Spark.
 
-Spark reads the images from parquet in ~16 MB splits (a few tasks per core): with tiny
-splits the per-task cost of a Python UDF task dominates (measured: an identity UDF over
-the same 90 MB took 7.7 s in 44 tasks and 1.6 s in 4). Each side is timed best of
-ROUNDS. Inputs are realistic: photos bundled with scikit-image resized to 0.3-12 MP, mostly
+Spark reads the images from parquet with its own split sizing (about the total bytes /
+cores per task) and lakeshard's session defaults (Arrow batches cut at 64 rows or 16
+MiB, so the JVM sends the next batch while Python works on one). The stage is timed
+with `prepare.threads` 1 and 2 (the default: two images of a batch at a time, since
+Pillow releases the GIL). Every side runs once per round, alternating, best of ROUNDS
+kept: drift on a noisy machine hits all sides alike. Inputs are realistic: photos bundled with scikit-image resized to 0.3-12 MP, mostly
 JPEG (q90), some PNG and WebP. Run:
 
-    .venv/bin/python bench/prepare_throughput.py [--images 60] [--cores 2]
+    .venv/bin/python bench/prepare_throughput.py [--images 60] [--cores 2] [--threads 1 2]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ sys.path.insert(0, str(REPO))
 PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg",
           "hubble_deep_field.jpg", "retina.jpg", "motorcycle_left.png"]
 MEGAPIXELS = [0.3, 0.5, 1, 2, 4, 8, 12]
-ROUNDS = 2  # best of: this machine is noisy
+ROUNDS = 3  # best of, alternating sides: this machine is noisy
 
 
 def make_images(n: int) -> list[bytes]:
@@ -75,81 +77,109 @@ def full(data: bytes) -> int:
     return out.width * out.height
 
 
-def timed_pool(fn, images, cores) -> tuple[float, int]:
-    with Pool(cores) as pool:
-        pool.map(fn, images[:cores])  # warm the workers
-        best = float("inf")
-        for _ in range(ROUNDS):
-            t0 = time.perf_counter()
-            pixels = sum(pool.map(fn, images, chunksize=1))
-            best = min(best, time.perf_counter() - t0)
-        return best, pixels
+class Sides:
+    """The three sides, set up once; `time(label)` runs one side over all images."""
 
+    def __init__(self, images, cores, workdir, threads_list):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        from pyspark.sql import functions as F
 
-def timed_stage(images, cores, workdir) -> float:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    from pyspark.sql import functions as F
+        from etl.config import parse_config
+        from etl.schema import INGEST_SCHEMA
+        from etl.session import get_spark
+        from etl.transforms.prepare import prepare_images
+        from udfs.images import PrepareOptions
 
-    from etl.config import parse_config
-    from etl.schema import INGEST_SCHEMA
-    from etl.session import get_spark
-    from etl.transforms.prepare import prepare_images
-    from udfs.images import PrepareOptions
+        self.images = images
+        self.pool = Pool(cores)
+        self.pool.map(bare, images[:cores])  # warm the workers
+        self.pool.map(full, images[:cores])
+        path = os.path.join(workdir, "images.parquet")
+        table = pa.table({"k": [str(i) for i in range(len(images))], "b": images})
+        pq.write_table(table, path, row_group_size=4)
+        # Spark's own split sizing (about total bytes / cores per task) and lakeshard's
+        # session defaults (Arrow batches of at most 64 rows / 16 MiB).
+        cfg = parse_config({
+            "storage": {"root": workdir},
+            "spark": {"master": f"local[{cores}]", "jars_dir": str(REPO / ".jars"),
+                      "conf": {"spark.ui.enabled": "false",
+                               "spark.ui.showConsoleProgress": "false"}},
+            "sources": [{"name": "b", "kind": "image_folder", "path": workdir}],
+        })
+        self.spark = get_spark(cfg)
+        self.spark.sparkContext.setLogLevel("ERROR")
+        df = self.spark.read.parquet(path).select(
+            F.col("k").alias("sample_id"), F.lit("b").alias("source"),
+            F.col("k").alias("source_key"), F.lit(None).cast("string").alias("source_uri"),
+            F.lit(None).cast("string").alias("caption_original"),
+            F.lit(None).cast("string").alias("license"),
+            F.lit(None).cast("string").alias("metadata_json"),
+            F.col("b").alias("image_bytes"), F.lit("ok").alias("read_status"),
+            F.lit(None).cast("string").alias("read_reason"),
+        ).select(*INGEST_SCHEMA.fieldNames())
+        self.stages = {}
+        for threads in threads_list:
+            prepared = prepare_images(df, PrepareOptions(threads=threads))
+            prepared = prepared.select("prepared.image", "status")
+            prepared.limit(cores).write.format("noop").mode("overwrite").save()  # warm
+            self.stages[threads] = prepared
+        self.partitions = df.rdd.getNumPartitions()
 
-    path = os.path.join(workdir, "images.parquet")
-    table = pa.table({"k": [str(i) for i in range(len(images))], "b": images})
-    pq.write_table(table, path, row_group_size=4)
-    cfg = parse_config({
-        "storage": {"root": workdir},
-        "spark": {"master": f"local[{cores}]", "jars_dir": str(REPO / ".jars"),
-                  "conf": {"spark.ui.enabled": "false",
-                           "spark.sql.files.maxPartitionBytes": str(16 << 20)}},
-        "sources": [{"name": "b", "kind": "image_folder", "path": workdir}],
-    })
-    spark = get_spark(cfg)
-    spark.sparkContext.setLogLevel("ERROR")
-    df = spark.read.parquet(path).select(
-        F.col("k").alias("sample_id"), F.lit("b").alias("source"), F.col("k").alias("source_key"),
-        F.lit(None).cast("string").alias("source_uri"),
-        F.lit(None).cast("string").alias("caption_original"),
-        F.lit(None).cast("string").alias("license"),
-        F.lit(None).cast("string").alias("metadata_json"),
-        F.col("b").alias("image_bytes"), F.lit("ok").alias("read_status"),
-        F.lit(None).cast("string").alias("read_reason"),
-    ).select(*INGEST_SCHEMA.fieldNames())
-    prepared = prepare_images(df, PrepareOptions()).select("prepared.image", "status")
-    prepared.limit(cores).write.format("noop").mode("overwrite").save()  # warm workers
-    elapsed = float("inf")
-    for _ in range(ROUNDS):
+    def time(self, side) -> float:
         t0 = time.perf_counter()
-        prepared.write.format("noop").mode("overwrite").save()
-        elapsed = min(elapsed, time.perf_counter() - t0)
-    print(f"  stage partitions: {prepared.rdd.getNumPartitions()}")
-    spark.stop()
-    return elapsed
+        if side == "bare":
+            self.pool.map(bare, self.images, chunksize=1)
+        elif side == "loop":
+            self.pool.map(full, self.images, chunksize=1)
+        else:
+            self.stages[side].write.format("noop").mode("overwrite").save()
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        self.pool.close()
+        self.spark.stop()
 
 
 def main() -> None:
+    from udfs.images import PrepareOptions
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=60)
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                        help="prepare.threads values to time the stage with (2 = default)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
     args = parser.parse_args()
     images = make_images(args.images)
     mb = sum(map(len, images)) / 1e6
-    print(f"{len(images)} images, {mb:.1f} MB encoded, cores={args.cores}")
-    t_bare, pixels = timed_pool(bare, images, args.cores)
-    t_full, _ = timed_pool(full, images, args.cores)
+    from PIL import Image
+
+    pixels = sum(w * h for w, h in (Image.open(io.BytesIO(b)).size for b in images))
     with tempfile.TemporaryDirectory() as workdir:
-        t_stage = timed_stage(images, args.cores, workdir)
+        sides = Sides(images, args.cores, workdir, args.threads)
+        order = ["bare", "loop", *args.threads]
+        best = {side: float("inf") for side in order}
+        for _ in range(args.rounds):  # alternating, so drift hits every side alike
+            for side in order:
+                best[side] = min(best[side], sides.time(side))
+        partitions = sides.partitions
+        sides.close()
+    print(f"{len(images)} images, {mb:.1f} MB encoded, {pixels / 1e6:.0f} MP, "
+          f"cores={args.cores}, {partitions} Spark tasks, best of {args.rounds} alternating")
     mp = pixels / 1e6
     n = len(images)
-    print(f"{'':<34}{'images/s':>10}{'MP/s/core':>11}{'vs bare':>9}")
-    for label, t in (("bare Pool: decode + JPEG q92", t_bare),
-                     ("Pool: lakeshard prepare_image", t_full),
-                     ("Spark prepare stage (pandas UDF)", t_stage)):
-        print(f"{label:<34}{n / t:>10.2f}{mp / t / args.cores:>11.2f}{t_bare / t:>9.2f}")
-    print(f"ratio stage/bare = {t_bare / t_stage:.2f} (target >= 0.8)")
+    t_bare = best["bare"]
+    labels = {"bare": "bare Pool: decode + JPEG q92", "loop": "Pool: lakeshard prepare_image"}
+    print(f"{'':<42}{'images/s':>10}{'MP/s/core':>11}{'vs bare':>9}")
+    for side in order:
+        label = labels.get(side) or f"Spark prepare stage, threads={side}"
+        t = best[side]
+        print(f"{label:<42}{n / t:>10.2f}{mp / t / args.cores:>11.2f}{t_bare / t:>9.2f}")
+    default = PrepareOptions().threads
+    if default in best:
+        print(f"ratio stage/bare = {t_bare / best[default]:.2f} at the default "
+              f"prepare.threads={default} (target >= 0.8)")
 
 
 if __name__ == "__main__":

@@ -101,6 +101,9 @@ class PrepareConfig:
     # Light filters: they flag (keep=false, filter_reason), never delete.
     min_side: int = 64
     max_aspect_ratio: float = 5.0
+    # Threads per Spark task preparing one Arrow batch's images (Pillow releases the GIL
+    # in decode/encode); 1 = one image at a time.
+    threads: int = 2
 
     def options(self):
         """The executor-side options of :func:`udfs.images.prepare_image`."""
@@ -115,6 +118,7 @@ class PrepareConfig:
             passthrough_jpeg=self.passthrough_jpeg,
             min_side=self.min_side,
             max_aspect_ratio=self.max_aspect_ratio,
+            threads=self.threads,
         )
 
 
@@ -534,6 +538,7 @@ def _parse_prepare(raw: Any) -> PrepareConfig:
         ),
         min_side=_int(raw.get("min_side", d.min_side), "prepare.min_side", 1),
         max_aspect_ratio=float(ratio),
+        threads=_int(raw.get("threads", d.threads), "prepare.threads", 1, 64),
     )
 
 

@@ -54,6 +54,7 @@ def test_relative_root_is_made_absolute(tmp_path, monkeypatch):
         (lambda r: r["sources"][0].update(colour=1), "sources[0]: unknown key 'colour'"),
         (lambda r: r["sources"].append(dict(r["sources"][0])), "sources[1].name: duplicate"),
         (lambda r: r.update(prepare={"jpeg_quality": 101}), "prepare.jpeg_quality: must be in"),
+        (lambda r: r.update(prepare={"threads": 0}), "prepare.threads: must be in"),
         (lambda r: r.update(exports={"a": {"compression": "lz9"}}), "exports.a.compression"),
         (lambda r: r.update(sources=[]), "sources: expected a non-empty list"),
     ],

@@ -9,6 +9,7 @@ import time
 import zlib
 
 import numpy as np
+import pandas as pd
 import pytest
 from conftest import jpeg_bytes, png_bytes
 from PIL import Image, ImageCms
@@ -222,3 +223,19 @@ def test_dhash_is_stable_under_reencode_and_differs_for_other_images():
     assert bin((h1 ^ h2) & (2**64 - 1)).count("1") <= 4
     assert bin((h1 ^ h3) & (2**64 - 1)).count("1") > 16
     assert -(2**63) <= h1 < 2**63
+
+
+def test_a_batch_prepared_on_threads_equals_one_image_at_a_time():
+    from udfs.images import _prepare_batch
+
+    good = [_save(_photo((64 + 8 * i, 48 + 4 * i)), "PNG") for i in range(12)]
+    batch = [*good[:5], b"", b"not an image", *good[5:], None, jpeg_bytes((64, 64))[:300]]
+    series = pd.Series(batch, dtype=object)
+    serial = _prepare_batch(series, PrepareOptions(min_side=8, threads=1))
+    threaded = _prepare_batch(series, PrepareOptions(min_side=8, threads=4))
+    pd.testing.assert_frame_equal(serial, threaded)
+    # Row order is the input's: sizes and reasons line up with what was passed.
+    expected = [prepare_image(b, PrepareOptions(min_side=8)) for b in batch]
+    assert threaded["status"].tolist() == [e.status for e in expected]
+    assert threaded["image_sha256"].tolist() == [e.image_sha256 for e in expected]
+    assert threaded["reason"].tolist()[5:7] == ["empty", "undecodable"]

@@ -76,6 +76,10 @@ class PrepareOptions:
     passthrough_jpeg: bool = False  # keep baseline RGB JPEGs within limits as they are
     min_side: int = 64  # filter: shorter side below this -> keep=False, too_small
     max_aspect_ratio: float = 5.0  # filter: long/short side above this -> extreme_aspect
+    # Images of one Arrow batch prepared concurrently by this many threads (Pillow
+    # releases the GIL while it decodes, converts, resizes and encodes): a task whose
+    # batch holds a few large images keeps more than one core busy.
+    threads: int = 2
 
 
 @dataclass(frozen=True)
@@ -183,11 +187,29 @@ def _can_pass_through(im, data: bytes, opts: PrepareOptions) -> bool:
     return data[:2] == b"\xff\xd8"
 
 
+def _quiet_bomb_warnings() -> None:
+    """Pillow warns (once per call site) about images above ~89 MP. Our own cap,
+    `max_pixels`, is checked from the header before any decode, and Pillow still raises
+    its DecompressionBombError above twice its limit; the warning adds nothing. Set
+    once per process: `warnings.catch_warnings` is not thread-safe, and images are
+    prepared on several threads (:func:`_prepare_batch`)."""
+    global _BOMB_WARNINGS_QUIET
+    if not _BOMB_WARNINGS_QUIET:
+        from PIL import Image
+
+        warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+        _BOMB_WARNINGS_QUIET = True
+
+
+_BOMB_WARNINGS_QUIET = False
+
+
 def prepare_image(data: bytes | None, opts: PrepareOptions) -> PreparedImage:
     """Decode `data` safely and return the JPEG the curated table stores, with hashes,
     flags and the light-filter verdict; never raises for bad image data."""
     from PIL import Image, ImageOps
 
+    _quiet_bomb_warnings()
     if data is None or len(data) == 0:
         return _rejected("empty", "zero-byte or missing image", 0 if data is not None else None)
     nbytes = len(data)
@@ -195,47 +217,45 @@ def prepare_image(data: bytes | None, opts: PrepareOptions) -> PreparedImage:
         return _rejected("too_large_bytes", f"{nbytes} bytes > cap {opts.max_bytes}", nbytes)
     flags: list[str] = []
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            im = Image.open(io.BytesIO(data))
-            fmt = im.format
-            ow, oh = im.size  # from the header: no pixel is decoded yet
-            if ow * oh > opts.max_pixels:
-                return _rejected(
-                    "too_many_pixels", f"{ow}x{oh} > cap {opts.max_pixels} px", nbytes,
-                    original_width=ow, original_height=oh, original_format=fmt,
-                )
-            if getattr(im, "n_frames", 1) > 1:
-                flags.append("multi_frame")
-                im.seek(0)
-            if _can_pass_through(im, data, opts):
-                # Decode at 1/8 scale: checks the whole stream (a truncated file still
-                # fails) and gives the hash, without a full-size decode or re-encode.
-                im.draft("RGB", (max(1, ow // 8), max(1, oh // 8)))
-                im.load()
-                flags.append("passthrough")
-                return _ok(data, ow, oh, ow, oh, fmt, nbytes, dhash64(im), flags, opts)
-            if opts.max_side and fmt == "JPEG" and max(ow, oh) > 2 * opts.max_side:
-                # DCT-domain downscale while decoding: far cheaper than a full decode.
-                scale = opts.max_side / max(ow, oh)
-                im.draft(im.mode, (int(ow * scale) + 1, int(oh * scale) + 1))
+        im = Image.open(io.BytesIO(data))
+        fmt = im.format
+        ow, oh = im.size  # from the header: no pixel is decoded yet
+        if ow * oh > opts.max_pixels:
+            return _rejected(
+                "too_many_pixels", f"{ow}x{oh} > cap {opts.max_pixels} px", nbytes,
+                original_width=ow, original_height=oh, original_format=fmt,
+            )
+        if getattr(im, "n_frames", 1) > 1:
+            flags.append("multi_frame")
+            im.seek(0)
+        if _can_pass_through(im, data, opts):
+            # Decode at 1/8 scale: checks the whole stream (a truncated file still
+            # fails) and gives the hash, without a full-size decode or re-encode.
+            im.draft("RGB", (max(1, ow // 8), max(1, oh // 8)))
             im.load()
-            orientation = im.getexif().get(0x0112, 1)
-            if orientation != 1:
-                im = ImageOps.exif_transpose(im)
-                flags.append("exif_rotated")
-                if orientation in (5, 6, 7, 8):  # transposed: report displayed dimensions
-                    ow, oh = oh, ow
-            rgb = _to_rgb(_to_srgb(im, flags), flags)
-            if opts.max_side and max(rgb.size) > opts.max_side:
-                scale = opts.max_side / max(rgb.size)
-                size = (max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale)))
-                rgb = rgb.resize(size, Image.Resampling.LANCZOS)
-                flags.append("resized")
-            out = io.BytesIO()
-            rgb.save(out, format="JPEG", quality=opts.quality, subsampling=opts.subsampling)
-            encoded = out.getvalue()
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            flags.append("passthrough")
+            return _ok(data, ow, oh, ow, oh, fmt, nbytes, dhash64(im), flags, opts)
+        if opts.max_side and fmt == "JPEG" and max(ow, oh) > 2 * opts.max_side:
+            # DCT-domain downscale while decoding: far cheaper than a full decode.
+            scale = opts.max_side / max(ow, oh)
+            im.draft(im.mode, (int(ow * scale) + 1, int(oh * scale) + 1))
+        im.load()
+        orientation = im.getexif().get(0x0112, 1)
+        if orientation != 1:
+            im = ImageOps.exif_transpose(im)
+            flags.append("exif_rotated")
+            if orientation in (5, 6, 7, 8):  # transposed: report displayed dimensions
+                ow, oh = oh, ow
+        rgb = _to_rgb(_to_srgb(im, flags), flags)
+        if opts.max_side and max(rgb.size) > opts.max_side:
+            scale = opts.max_side / max(rgb.size)
+            size = (max(1, round(rgb.width * scale)), max(1, round(rgb.height * scale)))
+            rgb = rgb.resize(size, Image.Resampling.LANCZOS)
+            flags.append("resized")
+        out = io.BytesIO()
+        rgb.save(out, format="JPEG", quality=opts.quality, subsampling=opts.subsampling)
+        encoded = out.getvalue()
+    except Image.DecompressionBombError as exc:
         return _rejected("too_many_pixels", str(exc), nbytes)
     except Image.UnidentifiedImageError:
         return _rejected(
@@ -267,14 +287,31 @@ def _ok(encoded, w, h, ow, oh, fmt, nbytes, phash, flags, opts) -> PreparedImage
     )
 
 
+def _prepare_one(b, opts: PrepareOptions) -> dict:
+    try:
+        result = prepare_image(None if b is None else bytes(b), opts)
+    except Exception as exc:  # noqa: BLE001 -- one image must never fail the task
+        result = _rejected("undecodable", f"unexpected {type(exc).__name__}: {exc}", None)
+    return asdict(result)
+
+
+_POOLS: dict[int, object] = {}
+
+
+def _pool(threads: int):
+    """One thread pool per size per Python worker (workers are reused across tasks)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if threads not in _POOLS:
+        _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="lakeshard-prepare")
+    return _POOLS[threads]
+
+
 def _prepare_batch(images: pd.Series, opts: PrepareOptions) -> pd.DataFrame:
-    rows = []
-    for b in images:
-        try:
-            result = prepare_image(None if b is None else bytes(b), opts)
-        except Exception as exc:  # noqa: BLE001 -- one image must never fail the task
-            result = _rejected("undecodable", f"unexpected {type(exc).__name__}: {exc}", None)
-        rows.append(asdict(result))
+    if opts.threads > 1 and len(images) > 1:
+        rows = list(_pool(opts.threads).map(lambda b: _prepare_one(b, opts), images))
+    else:
+        rows = [_prepare_one(b, opts) for b in images]
     frame = pd.DataFrame(rows, columns=PREPARED_TYPE.fieldNames())
     for col in ("width", "height", "original_width", "original_height", "original_bytes", "phash"):
         frame[col] = frame[col].astype("Int64")
