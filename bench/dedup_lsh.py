@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--bands", type=int, default=6)
     ap.add_argument("--copies", type=float, default=0.02, help="fraction of planted copies")
     ap.add_argument("--partitions", type=int, default=16, help="spark.sql.shuffle.partitions")
-    ap.add_argument("--memory", default="6g", help="spark.driver.memory")
+    ap.add_argument("--memory", default="10g", help="spark.driver.memory (8M rows ran with 12g)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 
