@@ -13,7 +13,7 @@ workers (the processes that run the writers) and reports the largest single work
 
 Each side runs ROUNDS times, alternating, best time kept. Run:
 
-    .venv/bin/python bench/export_throughput.py [--rows 2000] [--compression none|zstd]
+    .venv/bin/python bench/export_throughput.py [--rows 6000] [--compression none|zstd]
         [--size-limit-mb 16]
 """
 
@@ -98,7 +98,7 @@ class PeakRSS:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--rows", type=int, default=2000)
+    parser.add_argument("--rows", type=int, default=6000)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--compression", default="none")
     parser.add_argument("--size-limit-mb", type=int, default=16)

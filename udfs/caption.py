@@ -458,6 +458,9 @@ def get_captioner(spec: CaptionSpec, device: str | None = None) -> Captioner:
         cap = _BACKEND_CLASSES[spec.backend](spec, device)
         _CAPTIONERS[key] = cap
         _LOADS += 1
+        from udfs.worker import settle_imports
+
+        settle_imports()  # torch/transformers + the model: keep per-task GC cheap
     return cap
 
 

@@ -165,6 +165,9 @@ def load_encoder(spec: EncoderSpec):
     model = model.to(device).eval()
     _MODELS[key] = (tokenizer, model, device)
     log.info("latents: loaded %s (%s) on %s", spec.name, path, device)
+    from udfs.worker import settle_imports
+
+    settle_imports()  # torch/transformers + the model: keep per-task GC cheap
     return _MODELS[key]
 
 

@@ -93,6 +93,9 @@ class _LanceReader(DataSourceReader):
         if not partition.value:
             return
         ds = _dataset(self.path, self.version)
+        from udfs.worker import settle_imports
+
+        settle_imports()  # pylance/pyarrow: keep the daemon's per-task GC cheap
         for fid in partition.value:
             frag = ds.get_fragment(fid)
             for batch in frag.to_batches(
@@ -130,6 +133,9 @@ class _LanceWriter(DataSourceArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> _LanceCommit:
         from lance.fragment import write_fragments
 
+        from udfs.worker import settle_imports
+
+        settle_imports()
         rows = 0
 
         def batches():

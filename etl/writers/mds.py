@@ -251,10 +251,38 @@ def _passthrough_writer_cls():
         def _process_file(self, raw_data, raw_basename, zip_basename):
             # Hash the stored file before it is uploaded (and, remotely, deleted).
             infos = super()._process_file(raw_data, raw_basename, zip_basename)
-            stored = zip_basename or raw_basename
-            with open(os.path.join(self.local, stored), "rb") as f:
-                self.file_digests[stored] = hashlib.sha256(f.read()).hexdigest()
+            if zip_basename is None:
+                self.file_digests[raw_basename] = hashlib.sha256(raw_data).hexdigest()
+            else:
+                with open(os.path.join(self.local, zip_basename), "rb") as f:
+                    self.file_digests[zip_basename] = hashlib.sha256(f.read()).hexdigest()
             return infos
+
+        def flush_shard(self) -> None:
+            """The stock flush joins the cached samples into one shard in memory twice
+            over, writes it, and (for our checksum) the file was read back to hash it.
+            Uncompressed and without MDS hashes, the same bytes go straight from the
+            cached samples to the file, hashed on the way: no shard-sized copy at all.
+            """
+            if self.compression or self.hashes:  # both need the whole shard in memory
+                return super().flush_shard()
+            basename, _ = self._name_next_shard()
+            samples = self.new_samples
+            offsets = np.array([0] + [len(x) for x in samples]).cumsum().astype(np.uint32)
+            offsets += 4 + offsets.nbytes + len(self.config_data)  # as encode_joint_shard
+            header = np.uint32(len(samples)).tobytes() + offsets.tobytes() + self.config_data
+            digest = hashlib.sha256(header)
+            with open(os.path.join(self.local, basename), "wb") as f:
+                f.write(header)
+                for x in samples:  # large buffers bypass the file's buffer: no copy
+                    digest.update(x)
+                    f.write(x)
+            self.file_digests[basename] = digest.hexdigest()
+            raw_info = {"basename": basename, "bytes": int(offsets[-1]), "hashes": {}}
+            self.shards.append({"samples": len(samples), "raw_data": raw_info,
+                                "zip_data": None, **self.get_config()})
+            future = self.executor.submit(self.cloud_writer.upload_file, basename)
+            future.add_done_callback(self.exception_callback)
 
         def index(self) -> dict:
             """The index.json this writer writes (call after `finish`)."""
@@ -439,6 +467,9 @@ def _write_partitions(
 
             table = lance.dataset(blobs.path, version=blobs.version)
         cls = _passthrough_writer_cls()
+        from udfs.worker import settle_imports
+
+        settle_imports()  # streaming imports torch: keep the daemon's per-task GC cheap
 
         def make_writer(local: str, sub: str):
             out = local
