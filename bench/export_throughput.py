@@ -59,7 +59,9 @@ def make_rows(n: int) -> list[dict]:
 
 
 class PeakRSS:
-    """Samples the summed RSS of Spark's Python worker processes (pyspark daemons)."""
+    """Samples the RSS of Spark's Python worker processes (pyspark daemons): the peak
+    of any one worker, and each worker's growth over its first sample in this window
+    (for a warm, reused worker: what the export itself allocated, imports excluded)."""
 
     def __init__(self) -> None:
         import psutil
@@ -67,6 +69,8 @@ class PeakRSS:
         self._psutil = psutil
         self.peak_total = 0
         self.peak_one = 0
+        self.first: dict[int, int] = {}
+        self.growth = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -75,13 +79,16 @@ class PeakRSS:
         for p in me.children(recursive=True):
             try:
                 if p.name().startswith("python"):  # not the JVM
-                    yield p.memory_info().rss
+                    yield p.pid, p.memory_info().rss
             except (self._psutil.NoSuchProcess, self._psutil.AccessDenied):
                 continue
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            sizes = list(self._workers())
+            samples = list(self._workers())
+            for pid, rss in samples:
+                self.growth = max(self.growth, rss - self.first.setdefault(pid, rss))
+            sizes = [rss for _, rss in samples]
             if sizes:
                 self.peak_total = max(self.peak_total, sum(sizes))
                 self.peak_one = max(self.peak_one, max(sizes))
@@ -156,6 +163,7 @@ def main() -> None:
     sides = {"lakeshard export": ours, "streaming dataframe_to_mds": theirs}
     times = {name: float("inf") for name in sides}
     peaks = {name: (0, 0) for name in sides}
+    growth = {name: 0 for name in sides}
     for _ in range(ROUNDS):
         for name, fn in sides.items():
             with PeakRSS() as mem:
@@ -164,15 +172,18 @@ def main() -> None:
                 elapsed = time.perf_counter() - t0
             times[name] = min(times[name], elapsed)
             peaks[name] = (max(peaks[name][0], mem.peak_total), max(peaks[name][1], mem.peak_one))
+            growth[name] = mem.growth  # the last round's: workers warm, imports done
     spark.stop()
     shutil.rmtree(work, ignore_errors=True)
     print(f"{args.rows} rows, {mb:.0f} MB of JPEG in a Lance table, {args.partitions} "
           f"partitions, compression={compression}, size_limit={args.size_limit_mb} MiB, "
           f"local[2], best of {ROUNDS} (alternating)")
-    print(f"{'':<28}{'rows/s':>9}{'MB/s':>8}{'peak RSS, one worker':>22}")
+    print(f"{'':<28}{'rows/s':>9}{'MB/s':>8}{'peak RSS, one worker':>22}"
+          f"{'growth of a warm worker':>25}")
     for name, t in times.items():
         total, one = peaks[name]
-        print(f"{name:<28}{args.rows / t:>9.0f}{mb / t:>8.1f}{one / 2**20:>18.0f} MiB")
+        print(f"{name:<28}{args.rows / t:>9.0f}{mb / t:>8.1f}{one / 2**20:>18.0f} MiB"
+              f"{growth[name] / 2**20:>21.0f} MiB")
     ratio = times["streaming dataframe_to_mds"] / times["lakeshard export"]
     print(f"throughput ratio lakeshard/dataframe_to_mds = {ratio:.2f} (target >= 2)")
 
