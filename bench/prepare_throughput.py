@@ -12,11 +12,11 @@ Both sides decode and re-encode the same images as JPEG q92 with the same librar
 
 Spark reads the images from parquet with its own split sizing (about the total bytes /
 cores per task) and lakeshard's session defaults (Arrow batches cut at 64 rows or 16
-MiB, so the JVM sends the next batch while Python works on one). The stage is timed
-with `prepare.threads` 1 and 2 (the default: two images of a batch at a time, since
-Pillow releases the GIL). Every side runs once per round, alternating, best of ROUNDS
-kept: drift on a noisy machine hits all sides alike. Inputs are realistic: photos bundled with scikit-image resized to 0.3-12 MP, mostly
-JPEG (q90), some PNG and WebP. Run:
+MiB, so a batch of large images stays small). The stage is timed with
+`prepare.threads` 1 and 2 (the default: two images of a batch at a time, since Pillow
+releases the GIL). Every side runs once per round, alternating, best of ROUNDS kept:
+drift on a noisy machine hits all sides alike. Inputs are realistic: photos bundled
+with scikit-image resized to 0.3-12 MP, mostly JPEG (q90), some PNG and WebP. Run:
 
     .venv/bin/python bench/prepare_throughput.py [--images 60] [--cores 2] [--threads 1 2]
 """
