@@ -49,9 +49,9 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # Image rows are ~0.1-20 MB: bound the rows per Arrow batch a UDF receives, or a
         # default 10,000-row batch of images can exhaust a Python worker's memory.
         "spark.sql.execution.arrow.maxRecordsPerBatch": "64",
-        # ...and their bytes: a batch is cut at 16 MiB too, which bounds memory for large
-        # images and lets the JVM send the next batch while Python works on this one
-        # (measured: the prepare stage 0.77-0.85 -> 0.89-0.98 of a bare decode loop).
+        # ...and their bytes: a batch is also cut at 16 MiB, so 64 large images (20 MB
+        # each would be 1.3 GB) cannot exhaust a worker either. Throughput cost: none
+        # measurable (bench/prepare_throughput.py, 2-64 MiB all within noise).
         "spark.sql.execution.arrow.maxBytesPerBatch": str(16 << 20),
         "spark.python.worker.reuse": "true",
         "spark.sql.session.timeZone": "UTC",
