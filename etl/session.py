@@ -58,6 +58,11 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.sql.shuffle.partitions": "8",
         "spark.ui.showConsoleProgress": "true",
     }
+    if cfg.spark.master.startswith("local"):
+        # Delta replays its log into 50 partitions by default: 50 tasks on every read
+        # and MERGE of the small rejects/manifest/ledger tables, ~all overhead on one
+        # machine. A cluster keeps Delta's default (or sets its own in spark.conf).
+        conf["spark.databricks.delta.snapshotPartitions"] = "4"
     jars = _jar_paths(cfg)
     if jars:
         conf["spark.jars"] = ",".join(jars)
