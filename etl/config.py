@@ -17,8 +17,6 @@ from typing import Any
 
 import yaml
 
-from etl.buckets import BucketSpec
-
 __all__ = [
     "ConfigError",
     "Config",
@@ -26,6 +24,7 @@ __all__ = [
     "SparkConfig",
     "PrepareConfig",
     "ExportConfig",
+    "BucketSpec",
     "SourceConfig",
     "CaptionConfig",
     "CaptionVersionConfig",
@@ -123,6 +122,18 @@ class PrepareConfig:
 
 
 @dataclass(frozen=True)
+class BucketSpec:
+    """Aspect-ratio buckets of an export (etl.writers.mds.buckets builds the set)."""
+
+    base_resolution: int = 512
+    patch_size: int = 64
+    min_aspect: float = 0.25
+    max_aspect: float = 4.0
+    # Resize (cover + centre crop, Lanczos) to the bucket's size at export time.
+    resize: bool = False
+
+
+@dataclass(frozen=True)
 class ExportConfig:
     name: str
     # Number of Spark tasks, i.e. MDS sub-directories, of the export.
@@ -139,7 +150,7 @@ class ExportConfig:
     columns: tuple[str, ...] = ()
     # Seed of the order inside each partition; same table version + seed = same bytes.
     seed: int = 0
-    # Aspect-ratio buckets (etl.buckets.BucketSpec): one sub-folder + index per bucket.
+    # Aspect-ratio buckets (etl.writers.mds.buckets): one sub-folder + index per bucket.
     buckets: BucketSpec | None = None
     # Where the export goes: default <root>/mds/<name>; s3://bucket/prefix for an object
     # store (shards are uploaded as they are written; nothing piles up on local disks).

@@ -13,9 +13,10 @@ import pytest
 from conftest import jpeg_bytes, make_config
 from PIL import Image
 
-from etl.buckets import BucketSpec, assign_buckets, bucket_set
+from etl.config import BucketSpec
 from etl.jobs.curate import CURATED_TABLE
 from etl.jobs.export import export
+from etl.writers.mds.buckets import assign_buckets, bucket_set
 
 SIZES = [(64, 64), (128, 64), (64, 128), (300, 100), (100, 100), (90, 60), (60, 200), (400, 90)]
 

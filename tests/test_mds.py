@@ -217,7 +217,8 @@ def test_shard_files_and_index_match_stock_mdswriter_byte_for_byte(tmp_path):
     import pyarrow as pa
     from streaming import MDSWriter, StreamingDataset
 
-    from etl.writers.mds import _passthrough_writer_cls, encode_batch
+    from etl.writers.mds import encode_batch
+    from etl.writers.mds.writer import PassThroughMDSWriter
 
     columns = {"sample_id": "str", "blob": "bytes", "w": "int32", "caption": "str"}
     rng = np.random.default_rng(3)
@@ -231,8 +232,8 @@ def test_shard_files_and_index_match_stock_mdswriter_byte_for_byte(tmp_path):
     with MDSWriter(out=str(tmp_path / "stock"), columns=columns, size_limit=size_limit) as w:
         for row in table.to_pylist():
             w.write(row)
-    ours = _passthrough_writer_cls()(out=str(tmp_path / "ours"), columns=columns,
-                                     size_limit=size_limit)
+    ours = PassThroughMDSWriter(out=str(tmp_path / "ours"), columns=columns,
+                                size_limit=size_limit)
     with ours:
         for batch in table.to_batches(max_chunksize=17):
             for data in encode_batch(batch, columns):

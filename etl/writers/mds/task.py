@@ -1,0 +1,190 @@
+"""The per-task side of an export: the function ``mapInArrow`` runs on each partition.
+
+A task writes its partition into a folder scoped to its task attempt and reports one
+result row (:data:`RESULT_DDL`) that the driver commits from:
+
+* Locally, into ``<staging>/_attempts/part-00003-t17`` (by task attempt id), then
+  renamed to ``<staging>/part-00003`` with its record (:data:`PART_META`) inside --
+  first finisher wins; an attempt that finishes second deletes its copy. A rerun finds
+  the record and reports the partition as resumed without writing it again.
+* With an ``s3://`` export, into ``<remote>/[<bucket>/]<key>/part-00003-t17/`` through
+  a local scratch folder that ``MDSWriter`` empties as it uploads; a done-marker under
+  ``_lakeshard/<key>/done/`` is written last and is what a rerun resumes from.
+
+With a :class:`BlobSource`, the rows carry their Lance row address instead of the image
+bytes, and the task takes the bytes from Lance (:data:`TAKE_ROWS` rows at a time).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from etl.config import BucketSpec
+from etl.faults import fault_point
+from etl.writers.mds.buckets import BucketRouter
+from etl.writers.mds.checksum import PART_META
+
+__all__ = ["BlobSource", "TAKE_ROWS", "RESULT_DDL", "state_prefix", "partition_writer"]
+
+
+@dataclass(frozen=True)
+class BlobSource:
+    """MDS columns fetched inside the writing task from a Lance table by row address
+    (the DataFrame's ``_rowaddr`` column, read with ``option("row_address", "true")``)."""
+
+    path: str
+    version: int
+    columns: Mapping[str, str] = field(default_factory=dict)  # MDS column -> Lance column
+
+
+# Rows whose blobs (image bytes) one take from Lance fetches: bounds a task's memory
+# to about TAKE_ROWS images beyond the MDS writer's shard cache.
+TAKE_ROWS = 256
+
+_RESULT_FIELDS = [
+    ("partition", pa.int32()), ("samples", pa.int64()), ("checksum", pa.string()),
+    ("resumed", pa.bool_()), ("dir", pa.string()), ("indexes", pa.string()),
+]
+# The row each task reports: `dir` is the folder its shards are in (the attempt's, on
+# S3), `indexes` its sub-folders' index.json as JSON ({"": ...} without buckets).
+RESULT_DDL = ("partition int, samples long, checksum string, resumed boolean, dir string, "
+              "indexes string")
+
+
+def state_prefix(key: str) -> str:
+    """Where an S3 export keeps its own state (done-markers) for export `key`."""
+    return f"_lakeshard/{key}/"
+
+
+def _marker(key: str, pid: int) -> str:
+    return f"{state_prefix(key)}done/part-{pid:05d}.json"
+
+
+def _take_blobs(batch: pa.RecordBatch, blobs: BlobSource, ds) -> pa.RecordBatch:
+    """`batch` with its ``_rowaddr`` replaced by the blob columns, taken from Lance."""
+    import numpy as np
+
+    i = batch.schema.get_field_index("_rowaddr")
+    addrs = batch.column(i).to_numpy(zero_copy_only=False)
+    order = np.argsort(addrs, kind="stable")  # ascending addresses: sequential reads
+    taken = ds._take_rows(addrs[order].tolist(), columns=list(blobs.columns.values()))
+    if taken.num_rows != batch.num_rows:
+        raise RuntimeError(
+            f"took {taken.num_rows} rows from {blobs.path} for {batch.num_rows} addresses"
+        )
+    inverse = np.empty_like(order)
+    inverse[order] = np.arange(len(order))
+    taken = taken.take(pa.array(inverse))
+    out = batch.remove_column(i)
+    for mds_col, lance_col in blobs.columns.items():
+        out = out.append_column(mds_col, taken.column(lance_col).combine_chunks())
+    return out
+
+
+def _read_part_meta(path: str) -> dict | None:
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def partition_writer(
+    *,
+    staging: str,
+    remote: str | None,
+    key: str,
+    columns: dict[str, str],
+    size_limit: int,
+    compression: str | None,
+    hashes: tuple[str, ...],
+    blobs: BlobSource | None,
+    buckets: BucketSpec | None,
+    quality: int,
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function writing one partition per task. Locally, `staging`
+    is the staging folder; with `remote` (an ``s3://`` export folder), shards go to
+    ``<remote>/[<bucket>/]<key>/<attempt>/``."""
+    result_schema = pa.schema(_RESULT_FIELDS)
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import tempfile
+
+        from pyspark import TaskContext
+
+        from etl.writers.remote import S3Store
+
+        ctx = TaskContext.get()
+        pid = ctx.partitionId()
+        store = S3Store(remote) if remote else None
+        part_dir = os.path.join(staging, f"part-{pid:05d}")
+        meta_path = os.path.join(part_dir, PART_META)
+        done = store.get_json(_marker(key, pid)) if store else _read_part_meta(meta_path)
+        if done is not None:  # finished by an earlier, interrupted run
+            yield pa.RecordBatch.from_pylist([{**done, "resumed": True}], schema=result_schema)
+            return
+        attempt_name = f"part-{pid:05d}-t{ctx.taskAttemptId()}"
+        if store:
+            attempt = tempfile.mkdtemp(prefix=f"lakeshard-{attempt_name}-")
+        else:
+            attempt = os.path.join(staging, "_attempts", attempt_name)
+            shutil.rmtree(attempt, ignore_errors=True)
+        table = None
+        if blobs is not None:
+            import lance
+
+            table = lance.dataset(blobs.path, version=blobs.version)
+        from etl.writers.mds.writer import PassThroughMDSWriter
+        from udfs.worker import settle_imports
+
+        settle_imports()  # streaming imports torch: keep the daemon's per-task GC cheap
+
+        def make_writer(local: str, sub: str) -> PassThroughMDSWriter:
+            out = local
+            if store:
+                out = (local, store.url(sub, key, attempt_name))
+            return PassThroughMDSWriter(
+                out=out, columns=columns, compression=compression, hashes=list(hashes),
+                size_limit=size_limit, exist_ok=True,
+            )
+
+        samples = 0
+        router = BucketRouter(attempt, make_writer, size_limit, buckets, quality)
+        try:
+            for batch in batches:  # one Arrow batch at a time: never a whole partition
+                if table is None:
+                    router.write(batch, columns)
+                    samples += batch.num_rows
+                    continue
+                # Batches of small columns are large (TAKE_ROWS x 8 per Spark batch);
+                # blobs are taken TAKE_ROWS rows at a time to bound memory.
+                for start in range(0, batch.num_rows, TAKE_ROWS):
+                    part = _take_blobs(batch.slice(start, TAKE_ROWS), blobs, table)
+                    router.write(part, columns)
+                    samples += part.num_rows
+        finally:
+            router.close()
+        meta = {"partition": pid, "samples": samples, "checksum": router.checksum(),
+                "dir": attempt_name if store else f"part-{pid:05d}",
+                "indexes": json.dumps(router.indexes(), sort_keys=True)}
+        if store:
+            store.put_json(_marker(key, pid), meta)  # last: the partition is done
+            shutil.rmtree(attempt, ignore_errors=True)
+        else:
+            with open(os.path.join(attempt, PART_META), "w", encoding="utf-8") as f:
+                json.dump(meta, f)
+            try:
+                os.rename(attempt, part_dir)  # atomic; fails if another attempt won
+            except OSError:
+                shutil.rmtree(attempt, ignore_errors=True)
+                with open(meta_path, encoding="utf-8") as f:
+                    meta = json.load(f)
+        fault_point(f"export:part-{pid:05d}")
+        yield pa.RecordBatch.from_pylist([{**meta, "resumed": False}], schema=result_schema)
+
+    return write
