@@ -38,8 +38,9 @@ jars: $(JARS)/.complete
 run: setup
 	$(BIN)/lakeshard run
 
-## The test suite (unit + end-to-end), same bootstrap
+## The import-layer contracts (pyproject.toml), then the test suite (unit + end-to-end)
 test: setup
+	$(BIN)/lint-imports --no-logo
 	$(BIN)/pytest
 
 ## A Jupyter kernel "lakeshard" that runs the venv's python (for JupyterLab/VS Code)

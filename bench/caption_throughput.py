@@ -139,23 +139,24 @@ def bare_loop(cap, spec, images_bytes: list[bytes]) -> tuple[float, int]:
 
     from udfs.caption import load_image
 
-    pil = [load_image(b, spec.min_pixels, spec.max_pixels) for b in images_bytes]
+    s = spec.settings
+    pil = [load_image(b, s.min_pixels, s.max_pixels) for b in images_bytes]
     messages = [{"role": "user", "content": [{"type": "image"},
-                                             {"type": "text", "text": spec.prompt}]}]
+                                             {"type": "text", "text": spec.settings.prompt}]}]
     prompt = cap.processor.apply_chat_template(messages, add_generation_prompt=True,
                                                tokenize=False)
     assert all(isinstance(p, Image.Image) for p in pil)
     tokens = 0
     _sync(cap.device)
     t0 = time.perf_counter()
-    for i in range(0, len(pil), spec.batch_size):
-        chunk = pil[i : i + spec.batch_size]
+    for i in range(0, len(pil), spec.settings.batch_size):
+        chunk = pil[i : i + spec.settings.batch_size]
         inputs = cap.processor(text=[prompt] * len(chunk), images=chunk, padding=True,
-                               return_tensors="pt", min_pixels=spec.min_pixels,
-                               max_pixels=spec.max_pixels).to(cap.device)
+                               return_tensors="pt", min_pixels=spec.settings.min_pixels,
+                               max_pixels=spec.settings.max_pixels).to(cap.device)
         inputs["pixel_values"] = inputs["pixel_values"].to(cap.model.dtype)
         with torch.inference_mode():
-            out = cap.model.generate(**inputs, max_new_tokens=spec.max_new_tokens,
+            out = cap.model.generate(**inputs, max_new_tokens=spec.settings.max_new_tokens,
                                      do_sample=False)
         tokens += (out.shape[1] - inputs["input_ids"].shape[1]) * len(chunk)
     _sync(cap.device)
@@ -189,17 +190,19 @@ def main() -> None:
 
     import torch
 
+    from etl.config import CaptionVersionConfig
     from udfs.caption import CaptionSpec, TransformersCaptioner
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     workdir = Path(args.workdir or tempfile.gettempdir()) / f"lakeshard-bench-{args.arch}-{dtype}"
     t0 = time.perf_counter()
     path = build_checkpoint(args.arch, workdir, args.device, dtype, args.max_pixels)
-    spec = CaptionSpec(
-        model=str(path), max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
-        min_pixels=28 * 28, max_pixels=args.max_pixels, device=args.device.split(":")[0],
-        dtype=dtype, local_files_only=True,
+    settings = CaptionVersionConfig(
+        name="bench", model=str(path), max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size, min_pixels=28 * 28, max_pixels=args.max_pixels,
+        device=args.device.split(":")[0], dtype=dtype,
     )
+    spec = CaptionSpec(settings=settings, model_path=str(path), local_files_only=True)
     cap = TransformersCaptioner(spec, args.device)
     params = sum(p.numel() for p in cap.model.parameters()) / 1e9
     print(f"{args.arch}: {params:.2f} B parameters, {dtype} on {args.device} "

@@ -98,7 +98,7 @@ def main() -> None:
     for rows in args.sizes:
         values, truth = synth(rows, args.copies, args.threshold, args.seed)
         path = os.path.join(work, f"hashes-{rows}.parquet")
-        pq.write_table(pa.table({"phash": np.unique(values)}), path, row_group_size=1 << 20)
+        pq.write_table(pa.table({"dhash": np.unique(values)}), path, row_group_size=1 << 20)
         hashes = spark.read.parquet(path).withColumn("is_new", F.lit(True))
 
         t0 = time.perf_counter()

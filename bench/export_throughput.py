@@ -117,8 +117,8 @@ def main() -> None:
     import pyarrow as pa
     from streaming.base.converters import dataframe_to_mds
 
+    from etl import tables
     from etl.config import parse_config
-    from etl.jobs.curate import CURATED_TABLE
     from etl.jobs.export import export
     from etl.session import get_spark
 
@@ -134,12 +134,12 @@ def main() -> None:
     spark = get_spark(cfg)
     spark.sparkContext.setLogLevel("ERROR")
     rows = make_rows(args.rows)
-    table_path = cfg.storage.lance_table(CURATED_TABLE)
+    table_path = tables.layout(cfg).curated
     lance.write_dataset(pa.Table.from_pylist(rows), table_path, max_rows_per_file=512)
     mb = sum(len(r["image"]) for r in rows) / 1e6
 
     def ours() -> None:
-        shutil.rmtree(cfg.storage.export_dir("bench"), ignore_errors=True)
+        shutil.rmtree(tables.layout(cfg).export_dir("bench"), ignore_errors=True)
         export(spark, cfg, "bench")
 
     def theirs() -> None:

@@ -130,7 +130,8 @@ def main() -> None:
 
     import torch
 
-    from udfs.latents import EncoderSpec, encode_texts, model_hidden_size
+    from etl.config import LatentEncoderConfig
+    from udfs.latents import encode_texts, model_hidden_size
 
     torch.manual_seed(0)
     hidden = model_hidden_size(args.model)
@@ -141,7 +142,7 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for t in (int(x) for x in args.tokens.split(",")):
-            spec = EncoderSpec(name="bench", path=args.model, max_tokens=t,
+            spec = LatentEncoderConfig(name="bench", path=args.model, max_tokens=t,
                                batch_size=args.batch_size, device=args.device)
             enc = encode_texts(spec, texts[: args.store_rows])
             sizes = {"raw f16 + mask": t * hidden * 2 + t}
@@ -149,7 +150,7 @@ def main() -> None:
             sizes.update(mds_bytes(enc.latents, enc.masks, tmp))
             full = time_per_1k(spec, texts, args.repeat)
             zeros = time_per_1k(
-                EncoderSpec(**{**spec.__dict__, "padding": "zeros"}), texts, args.repeat)
+                spec.model_copy(update={"padding": "zeros"}), texts, args.repeat)
             truncated = float(np.mean(enc.tokens > t))
             rows.append((t, sizes, full, zeros, truncated))
 

@@ -70,9 +70,10 @@ def bare(data: bytes) -> int:
 
 
 def full(data: bytes) -> int:
-    from udfs.images import PrepareOptions, prepare_image
+    from etl.config import PrepareConfig
+    from udfs.images import prepare_image
 
-    out = prepare_image(data, PrepareOptions())
+    out = prepare_image(data, PrepareConfig())
     assert out.status == "ok", out.detail
     return out.width * out.height
 
@@ -85,11 +86,10 @@ class Sides:
         import pyarrow.parquet as pq
         from pyspark.sql import functions as F
 
-        from etl.config import parse_config
+        from etl.config import PrepareConfig, parse_config
         from etl.schema import INGEST_SCHEMA
         from etl.session import get_spark
         from etl.transforms.prepare import prepare_images
-        from udfs.images import PrepareOptions
 
         self.images = images
         self.pool = Pool(cores)
@@ -120,7 +120,7 @@ class Sides:
         ).select(*INGEST_SCHEMA.fieldNames())
         self.stages = {}
         for threads in threads_list:
-            prepared = prepare_images(df, PrepareOptions(threads=threads))
+            prepared = prepare_images(df, PrepareConfig(threads=threads))
             prepared = prepared.select("prepared.image", "status")
             prepared.limit(cores).write.format("noop").mode("overwrite").save()  # warm
             self.stages[threads] = prepared
@@ -142,7 +142,7 @@ class Sides:
 
 
 def main() -> None:
-    from udfs.images import PrepareOptions
+    from etl.config import PrepareConfig
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--images", type=int, default=60)
@@ -176,7 +176,7 @@ def main() -> None:
         label = labels.get(side) or f"Spark prepare stage, threads={side}"
         t = best[side]
         print(f"{label:<42}{n / t:>10.2f}{mp / t / args.cores:>11.2f}{t_bare / t:>9.2f}")
-    default = PrepareOptions().threads
+    default = PrepareConfig().threads
     if default in best:
         print(f"ratio stage/bare = {t_bare / best[default]:.2f} at the default "
               f"prepare.threads={default} (target >= 0.8)")

@@ -1,4 +1,10 @@
-"""The `lakeshard` command."""
+"""The `lakeshard` command.
+
+Every command loads the config and checks it against the registries before anything
+else. Commands that change a table (`run`, `curate`, `export`, `dedup`, `caption`,
+`latents`, `features add`, `embed`, `compact`) run through :mod:`etl.pipeline.runner`:
+under the root's run lock, recorded in the run ledger. The others only read.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,10 @@ import logging
 import os
 import sys
 
-from etl.config import Config, ConfigError, load_config
+from etl.config import Config, load_config
+from etl.errors import ConfigError, JarsMissingError, RunLockedError
 
-__all__ = ["main"]
+__all__ = ["main", "build_parser"]
 
 
 def _positive(text: str) -> int:
@@ -20,14 +27,25 @@ def _positive(text: str) -> int:
 
 
 def _load(args) -> Config:
-    return load_config(args.conf)
+    """The config, parsed and checked against the registries; errors name the file."""
+    from etl.pipeline.preflight import check_config
+
+    cfg = load_config(args.conf)
+    try:
+        return check_config(cfg)
+    except ConfigError as exc:
+        raise ConfigError(f"{args.conf or 'embedded conf/local.yaml'}: {exc}") from None
+
+
+# ------------------------------------------------------------------ table-changing
 
 
 def _cmd_run(args) -> int:
-    from etl.jobs.run import format_outcome, run_stages
+    from etl.pipeline.runner import run_pipeline
+    from etl.pipeline.summary import format_outcome
 
-    out = run_stages(
-        _load(args), only=tuple(args.only), skip=tuple(args.skip),
+    out = run_pipeline(
+        _load(args), only=args.only, skip=args.skip,
         export_names=tuple(args.export) or None, run_id=args.run_id,
     )
     print(format_outcome(out))
@@ -35,57 +53,144 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_curate(args) -> int:
-    from etl.jobs.run import format_outcome, run_stages
+    from etl.pipeline.runner import run_pipeline
+    from etl.pipeline.summary import format_outcome
 
-    print(format_outcome(run_stages(_load(args), only=("curate",), run_id=args.run_id)))
+    print(format_outcome(run_pipeline(_load(args), only=("curate",), run_id=args.run_id)))
     return 0
 
 
 def _cmd_export(args) -> int:
-    from etl.jobs.run import format_outcome, run_stages
+    from etl.pipeline.runner import run_pipeline
+    from etl.pipeline.summary import format_outcome
 
     cfg = _load(args)
-    names = tuple(args.name) or tuple(e.name for e in cfg.exports)
+    names = tuple(args.name) or tuple(cfg.exports)
     if not names:
         raise ConfigError("exports: no export configured (add one under `exports:`)")
-    out = run_stages(cfg, only=("export",), export_names=names, run_id=args.run_id)
-    print(format_outcome(out))
+    print(format_outcome(
+        run_pipeline(cfg, only=("export",), export_names=names, run_id=args.run_id)
+    ))
     return 0
 
 
+def _cmd_dedup(args) -> int:
+    from etl.jobs.dedup import format_dedup
+    from etl.pipeline.runner import run_command
+
+    out = run_command(_load(args), "dedup", {"full": args.full}, run_id=args.run_id)
+    print(format_dedup(out.detail("dedup")))
+    return 0
+
+
+def _cmd_caption(args) -> int:
+    from etl.jobs.caption import format_caption, write_caption_report
+    from etl.pipeline.runner import run_command
+
+    cfg = _load(args)
+    out = run_command(cfg, "caption", {"version": args.version, "force": args.force,
+                                       "limit": args.limit}, run_id=args.run_id)
+    result = out.detail("caption")
+    if result is None:  # no caption versions configured
+        print(f"caption: {out.results['caption'].note}")
+        return 0
+    print(format_caption(result))
+    report = write_caption_report(cfg, result)
+    if report:
+        print(f"report            : {report}")
+    return 0
+
+
+def _cmd_latents(args) -> int:
+    from etl.jobs.latents import format_latents
+    from etl.pipeline.runner import run_command
+
+    out = run_command(_load(args), "latents", {
+        "encoder": args.encoder, "recompute": args.recompute, "drop": args.drop,
+    }, run_id=args.run_id)
+    if args.drop:
+        version, columns = out.detail("latents")
+        if not columns:
+            print(f"latents {args.encoder}: none in the curated table; nothing dropped")
+        else:
+            print(f"latents {args.encoder}: dropped {', '.join(columns)} (version {version})")
+        return 0
+    print(format_latents(out.detail("latents")))
+    return 0
+
+
+def _cmd_features(args) -> int:
+    from etl import tables
+    from etl.lakehouse.features import FEATURES
+
+    cfg = _load(args)
+    if args.action == "list":
+        have = set(tables.open_curated(cfg).schema.names)
+        for f in FEATURES.values():
+            state = "present" if f.name in have else "-"
+            print(f"{f.name:<16} {f.spark_type:<8} {state:<8} {f.doc}")
+        return 0
+    from etl.pipeline.runner import run_command
+
+    out = run_command(cfg, "features", {"names": list(args.names),
+                                        "only_missing": args.only_missing},
+                      run_id=args.run_id)
+    r = out.detail("features")
+    print(
+        f"{', '.join(r.names)}: {r.rows} rows -> version {r.version}; "
+        f"wrote {r.bytes_written} bytes = {r.ratio:.5f} of the table's {r.table_bytes} "
+        f"bytes; image data files {'unchanged' if r.image_files_unchanged else 'CHANGED'}"
+    )
+    return 0
+
+
+def _cmd_embed(args) -> int:
+    from etl.pipeline.runner import run_command
+
+    cfg = _load(args)
+    r = run_command(cfg, "embed", {"all": args.all}, run_id=args.run_id).detail("embed")
+    emb = cfg.lakehouse.embedding
+    print(
+        f"{emb.column}: embedded {r.rows} captions in {r.fragments} fragment(s), "
+        f"{r.bytes_written} bytes written; vector index {r.index_type or 'none'}; "
+        f"version {r.version}"
+    )
+    return 0
+
+
+def _cmd_compact(args) -> int:
+    from etl import tables
+    from etl.pipeline.runner import run_command
+
+    cfg = _load(args)
+    r = run_command(cfg, "compact", run_id=args.run_id).detail("compact")
+    print(
+        f"{tables.layout(cfg).curated}: {r.fragments_before} -> {r.fragments_after} "
+        f"fragment(s) ({r.fragments_rewritten} rewritten); version {r.version_before} -> "
+        f"{r.version_after}; removed {r.versions_removed} old version(s), "
+        f"{r.bytes_removed} bytes; oldest readable version {r.oldest_version}"
+    )
+    return 0
+
+
+# ------------------------------------------------------------------------ read-only
+
+
 def _cmd_runs(args) -> int:
-    from etl.jobs.runs import format_runs
-    from etl.ledger import RUNS_TABLE, recent_runs
+    from etl import tables
+    from etl.ledger import recent_runs
+    from etl.pipeline.summary import format_runs
     from etl.session import get_spark
 
     cfg = _load(args)
-    path = cfg.storage.delta_table(RUNS_TABLE)
+    path = tables.layout(cfg).runs
     rows = recent_runs(get_spark(cfg), path, limit=args.limit)
     print(format_runs(rows, path, stages=args.stages))
     return 0
 
 
-def _cmd_dedup(args) -> int:
-    from etl.jobs.dedup import dedup, format_dedup
-    from etl.jobs.run import new_run_id
-    from etl.session import get_spark
-
-    cfg = _load(args)
-    import lance
-
-    try:  # fail before Spark when there is nothing to dedup
-        lance.dataset(cfg.storage.lance_table("curated"))
-    except (ValueError, OSError):
-        raise FileNotFoundError(
-            f"no curated table at {cfg.storage.lance_table('curated')}: "
-            "run `lakeshard curate` first"
-        ) from None
-    print(format_dedup(dedup(get_spark(cfg), cfg, new_run_id(), full=args.full)))
-    return 0
-
-
 def _cmd_samples(args) -> int:
-    from etl.samples import ensure_samples
+    from etl.sample_sources import ensure_samples
 
     cfg = _load(args)
     built = ensure_samples(cfg)
@@ -97,14 +202,12 @@ def _cmd_samples(args) -> int:
 
 
 def _cmd_sql(args) -> int:
-    from etl.session import get_spark, register_lance_views
+    from etl.lakehouse.views import register_views
+    from etl.session import get_spark
 
     cfg = _load(args)
     spark = get_spark(cfg)
-    views = register_lance_views(spark, cfg)
-    from etl.lakehouse.views import register_lakehouse_views
-
-    views += register_lakehouse_views(spark, cfg)
+    views = register_views(spark, cfg)
     logging.getLogger("lakeshard").info("views: %s", ", ".join(views) or "none")
     spark.sql(args.query).show(args.limit, truncate=not args.no_truncate)
     return 0
@@ -112,7 +215,7 @@ def _cmd_sql(args) -> int:
 
 def _cmd_jpeg_audit(args) -> int:
     from etl.jobs.jpeg_audit import format_audit, jpeg_audit
-    from etl.samples import ensure_samples
+    from etl.sample_sources import ensure_samples
     from etl.session import get_spark
     from etl.sources import adapter_for
 
@@ -128,14 +231,12 @@ def _cmd_jpeg_audit(args) -> int:
 
 
 def _cmd_verify_export(args) -> int:
+    from etl import tables
     from etl.jobs.verify_export import verify_export
 
     cfg = _load(args)
-    cfg.export(args.name)
-    path = cfg.export_path(args.name)
-    from etl.writers.remote import is_remote
-
-    if not is_remote(path) and not os.path.isdir(path):
+    path = tables.export_path(cfg, args.name)
+    if "://" not in path and not os.path.isdir(path):
         raise FileNotFoundError(f"no export at {path}: run `lakeshard export --name {args.name}`")
     report = verify_export(path)
     print(
@@ -149,101 +250,13 @@ def _cmd_verify_export(args) -> int:
     return 0 if report.ok else 1
 
 
-def _cmd_caption(args) -> int:
-    from etl.jobs.caption import caption, format_caption, plan_caption, write_caption_report
-    from etl.session import get_spark
-
-    cfg = _load(args)
-    # Config, model, table and the rows to do are checked before Spark starts; with
-    # nothing to do, Spark never starts.
-    plan = plan_caption(cfg, args.version, force=args.force)
-    spark = get_spark(cfg) if plan.todo else None
-    result = caption(spark, cfg, args.version, force=args.force, limit=args.limit)
-    print(format_caption(result))
-    report = write_caption_report(cfg, result)
-    if report:
-        print(f"report            : {report}")
-    return 0
-
-
-def _cmd_latents(args) -> int:
-    from etl.jobs.latents import compute_latents, drop_latents, format_latents
-
-    cfg = _load(args)
-    cfg.latents.encoder(args.encoder)  # an unknown encoder fails here, before Spark
-    if args.drop:
-        version, columns = drop_latents(cfg, args.encoder)
-        if not columns:
-            print(f"latents {args.encoder}: none in the curated table; nothing dropped")
-        else:
-            print(f"latents {args.encoder}: dropped {', '.join(columns)} (version {version})")
-        return 0
-    from etl.session import get_spark
-
-    res = compute_latents(get_spark(cfg), cfg, args.encoder, recompute=args.recompute)
-    print(format_latents(res))
-    return 0
-
-
-def _curated_path(cfg: Config) -> str:
-    from etl.jobs.curate import CURATED_TABLE
-
-    path = cfg.storage.lance_table(CURATED_TABLE)
-    if "://" not in path and not os.path.isdir(path):
-        raise FileNotFoundError(f"no curated table at {path}: run `lakeshard curate` first")
-    return path
-
-
-def _cmd_features(args) -> int:
-    from etl.lakehouse.features import FEATURES, add_features, feature
-
-    cfg = _load(args)
-    if args.action == "list":
-        import lance
-
-        path = _curated_path(cfg)
-        have = set(lance.dataset(path).schema.names)
-        for f in FEATURES.values():
-            state = "present" if f.name in have else "-"
-            print(f"{f.name:<16} {f.spark_type:<8} {state:<8} {f.doc}")
-        return 0
-    if not args.names:
-        raise ConfigError("features add: name at least one feature")
-    for name in args.names:
-        feature(name)  # unknown names fail before Spark starts
-    path = _curated_path(cfg)
-    from etl.session import get_spark
-
-    r = add_features(get_spark(cfg), path, list(args.names), only_missing=args.only_missing)
-    print(
-        f"{', '.join(r.names)}: {r.rows} rows -> version {r.version}; "
-        f"wrote {r.bytes_written} bytes = {r.ratio:.5f} of the table's {r.table_bytes} "
-        f"bytes; image data files {'unchanged' if r.image_files_unchanged else 'CHANGED'}"
-    )
-    return 0
-
-
-def _cmd_embed(args) -> int:
-    from etl.lakehouse.embeddings import embed_captions
-    from etl.session import get_spark
-
-    cfg = _load(args)
-    path = _curated_path(cfg)
-    emb = cfg.lakehouse.embedding
-    r = embed_captions(get_spark(cfg), path, emb, only_missing=not args.all)
-    print(
-        f"{emb.column}: embedded {r.rows} captions in {r.fragments} fragment(s), "
-        f"{r.bytes_written} bytes written; vector index {r.index_type or 'none'}; "
-        f"version {r.version}"
-    )
-    return 0
-
-
 def _cmd_search(args) -> int:
+    from etl import tables
     from etl.lakehouse.embeddings import search
 
     cfg = _load(args)
-    hits = search(_curated_path(cfg), args.query, cfg.lakehouse.embedding, k=args.k,
+    tables.open_curated(cfg)
+    hits = search(tables.layout(cfg).curated, args.query, cfg.lakehouse.embedding, k=args.k,
                   where=args.where)
     for rank, h in enumerate(hits, 1):
         text = (h.text or "").replace("\n", " ")
@@ -253,32 +266,20 @@ def _cmd_search(args) -> int:
     return 0
 
 
-def _cmd_compact(args) -> int:
-    from etl.lakehouse.indexes import ensure_scalar_indexes
-    from etl.lakehouse.maintenance import compact
-
-    cfg = _load(args)
-    path = _curated_path(cfg)
-    r = compact(path, cfg.lakehouse)
-    ensure_scalar_indexes(path, cfg.lakehouse.scalar_indexes)
-    print(
-        f"{path}: {r.fragments_before} -> {r.fragments_after} fragment(s) "
-        f"({r.fragments_rewritten} rewritten); version {r.version_before} -> "
-        f"{r.version_after}; removed {r.versions_removed} old version(s), "
-        f"{r.bytes_removed} bytes; oldest readable version {r.oldest_version}"
-    )
-    return 0
-
-
 def _cmd_versions(args) -> int:
+    from etl import tables
     from etl.lakehouse.maintenance import table_versions
 
     cfg = _load(args)
+    tables.open_curated(cfg)
     print(f"{'version':>7}  {'timestamp (UTC)':<26} {'rows':>9} {'fragments':>9} {'bytes':>12}")
-    for v in table_versions(_curated_path(cfg)):
+    for v in table_versions(tables.layout(cfg).curated):
         print(f"{v.version:>7}  {v.timestamp.isoformat():<26} {v.rows:>9} {v.fragments:>9} "
               f"{v.data_bytes:>12}")
     return 0
+
+
+# --------------------------------------------------------------------------- parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -316,29 +317,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompare every row (default: new rows against everything)",
     )
     p.set_defaults(func=_cmd_dedup)
-    for sp in (sub.choices["run"], sub.choices["curate"], sub.choices["export"]):
-        sp.add_argument("--run-id", default=None,
-                        help="use this run id (e.g. the scheduler's) instead of a new one")
-
-    p = sub.add_parser("runs", help="recent runs from the run ledger (Delta `runs` table)")
-    p.add_argument("--limit", type=_positive, default=10, help="how many runs")
-    p.add_argument("--stages", action="store_true", help="one line per stage too")
-    p.set_defaults(func=_cmd_runs)
-
-    p = sub.add_parser("verify-export", help="check an export: counts, hashes, every image")
-    p.add_argument("name", help="export name under `exports:`")
-    p.set_defaults(func=_cmd_verify_export)
-
-    p = sub.add_parser("samples", help="build the bundled sample sources if missing")
-    p.set_defaults(func=_cmd_samples)
-
-    p = sub.add_parser(
-        "jpeg-audit", help="measure PSNR/SSIM of repeated JPEG re-encoding on a source sample"
-    )
-    p.add_argument("--source", required=True, help="configured source name")
-    p.add_argument("--sample", type=_positive, default=50, help="images to audit")
-    p.add_argument("--generations", type=_positive, default=5, help="re-encodes in a row")
-    p.set_defaults(func=_cmd_jpeg_audit)
 
     p = sub.add_parser(
         "caption", help="add a caption version (VLM re-captioning) to the curated table"
@@ -361,12 +339,6 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--drop", action="store_true", help="drop this encoder's columns")
     p.set_defaults(func=_cmd_latents)
 
-    p = sub.add_parser("sql", help="run Spark SQL over the Lance tables (views by name)")
-    p.add_argument("query")
-    p.add_argument("--limit", type=int, default=20)
-    p.add_argument("--no-truncate", action="store_true")
-    p.set_defaults(func=_cmd_sql)
-
     p = sub.add_parser("features", help="list or add feature columns (no image rewrite)")
     p.add_argument("action", choices=["list", "add"])
     p.add_argument("names", nargs="*", help="feature names (see `features list`)")
@@ -377,28 +349,58 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="re-embed every caption, not only new")
     p.set_defaults(func=_cmd_embed)
 
+    p = sub.add_parser("compact", help="compact fragments, clean versions past retention")
+    p.set_defaults(func=_cmd_compact)
+
+    for name in ("run", "curate", "export", "dedup", "caption", "latents", "features",
+                 "embed", "compact"):
+        sub.choices[name].add_argument(
+            "--run-id", default=None,
+            help="use this run id (e.g. the scheduler's) instead of a new one",
+        )
+
+    p = sub.add_parser("runs", help="recent runs from the run ledger (Delta `runs` table)")
+    p.add_argument("--limit", type=_positive, default=10, help="how many runs")
+    p.add_argument("--stages", action="store_true", help="one line per stage too")
+    p.set_defaults(func=_cmd_runs)
+
+    p = sub.add_parser("verify-export", help="check an export: counts, hashes, every image")
+    p.add_argument("name", help="export name under `exports:`")
+    p.set_defaults(func=_cmd_verify_export)
+
+    p = sub.add_parser("samples", help="build the bundled sample sources if missing")
+    p.set_defaults(func=_cmd_samples)
+
+    p = sub.add_parser(
+        "jpeg-audit", help="measure PSNR/SSIM of repeated JPEG re-encoding on a source sample"
+    )
+    p.add_argument("--source", required=True, help="configured source name")
+    p.add_argument("--sample", type=_positive, default=50, help="images to audit")
+    p.add_argument("--generations", type=_positive, default=5, help="re-encodes in a row")
+    p.set_defaults(func=_cmd_jpeg_audit)
+
+    p = sub.add_parser("sql", help="run Spark SQL over the Lance tables (views by name)")
+    p.add_argument("query")
+    p.add_argument("--limit", type=int, default=20)
+    p.add_argument("--no-truncate", action="store_true")
+    p.set_defaults(func=_cmd_sql)
+
     p = sub.add_parser("search", help="semantic search over caption embeddings")
     p.add_argument("query")
     p.add_argument("-k", type=_positive, default=10, help="results")
     p.add_argument("--where", default=None, help="Lance SQL prefilter, e.g. keep")
     p.set_defaults(func=_cmd_search)
 
-    p = sub.add_parser("compact", help="compact fragments, clean versions past retention")
-    p.set_defaults(func=_cmd_compact)
-
     p = sub.add_parser("versions", help="list the curated table's versions (time travel)")
     p.set_defaults(func=_cmd_versions)
 
-    for _name, sp in sub.choices.items():
+    for sp in sub.choices.values():
         # Accept --conf after the subcommand too: `lakeshard run --conf x.yaml`.
         sp.add_argument("--conf", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from etl.lock import RunLockedError
-    from etl.session import JarsMissingError
-
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,

@@ -1,4 +1,5 @@
-"""The run ledger: a Delta table `<root>/delta/runs`, one row per run and stage.
+"""The run ledger: a Delta table `<root>/delta/runs`, one row per run and stage
+(and per table-changing command: `caption`, `dedup`, `latents`, `compact`, ...).
 
 Rows are MERGEd on ``(run_id, stage)``: a stage's row is written ``running`` when it
 starts and updated when it ends, so a run killed midway leaves ``running`` rows; the
@@ -11,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
-from dataclasses import asdict
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
@@ -21,10 +21,7 @@ from pyspark.sql import Row, SparkSession
 from etl.config import Config
 from etl.schema import RUNS_SCHEMA
 
-__all__ = ["RUNS_TABLE", "config_hash", "code_version", "record", "mark_crashed",
-           "recent_runs", "utcnow"]
-
-RUNS_TABLE = "runs"
+__all__ = ["config_hash", "code_version", "record", "mark_crashed", "recent_runs", "utcnow"]
 
 
 def utcnow() -> datetime:
@@ -33,7 +30,7 @@ def utcnow() -> datetime:
 
 def config_hash(cfg: Config) -> str:
     """sha256 of the parsed config (first 16 hex digits): same settings, same hash."""
-    blob = json.dumps(asdict(cfg), sort_keys=True, default=str).encode()
+    blob = json.dumps(cfg.model_dump(mode="json"), sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

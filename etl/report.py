@@ -4,7 +4,7 @@ What it shows: this run's accounting (seen / accepted / rejected / flagged per s
 and stage timings; the corpus as the run left it -- rows per source and status, reject
 and filter reasons, resolution and aspect-ratio histograms, caption length per caption
 version (every ``caption*`` string column of the curated table), duplicate rates (same
-``image_sha256``, same ``phash``, and any ``*dup*`` column a dedup stage added); and
+``image_sha256``, same ``dhash``, and any ``*dup*`` column a dedup stage added); and
 contact sheets of random kept images with their captions and of flagged images with
 their reasons. Counts come from Spark over the whole tables; histograms from up to
 ``run.report_max_rows`` rows sampled by pylance; images are read only for the sheets.
@@ -26,16 +26,17 @@ import pandas as pd
 from matplotlib.figure import Figure
 from PIL import Image
 
+from etl import tables
 from etl.config import Config
 
-__all__ = ["write_report", "caption_columns", "dedup_rates"]
+__all__ = ["write_report", "caption_versions", "dedup_rates"]
 
 _META = ["sample_id", "source", "width", "height", "aspect_ratio", "keep", "filter_reason",
-         "image_sha256", "phash"]
+         "image_sha256", "dhash"]
 _COLORS = {"kept": "#2e7d32", "flagged": "#f9a825", "rejected": "#c62828"}
 
 
-def caption_columns(schema) -> list[str]:
+def caption_versions(schema) -> list[str]:
     """The caption versions of the curated table: its string columns named caption*."""
     import pyarrow as pa
 
@@ -51,7 +52,7 @@ def dedup_rates(meta: pd.DataFrame) -> dict[str, float]:
         return {}
     rates = {
         "exact (same image_sha256)": 1 - meta["image_sha256"].nunique() / n,
-        "near (same phash)": 1 - meta["phash"].nunique() / n,
+        "near (same dhash)": 1 - meta["dhash"].nunique() / n,
     }
     for col in meta.columns:
         if "dup" in col.lower():
@@ -247,18 +248,18 @@ img.fig{max-width:100%;border:1px solid #eee;margin:6px 0}
 
 
 def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -> str:
-    """Write the report of `outcome` (a :class:`etl.jobs.run.RunOutcome`) into `out_dir`
+    """Write the report of `outcome` (an :class:`etl.pipeline.outcome.RunOutcome`) into `out_dir`
     (default ``<root>/reports/<run_id>``, a local path); returns its index.html."""
     import lance
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
     run_id = outcome.run_id
-    out_dir = out_dir or os.path.join(cfg.storage.reports_dir, run_id)
+    paths = tables.layout(cfg)
+    out_dir = out_dir or paths.report_dir(run_id)
     thumbs_dir = os.path.join(out_dir, "thumbs")
     os.makedirs(thumbs_dir, exist_ok=True)
-    curated_path = cfg.storage.lance_table("curated")
-    rejects_path = cfg.storage.delta_table("rejects")
+    curated_path, rejects_path = paths.curated, paths.rejects
     seed = int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16)
 
     try:
@@ -298,7 +299,7 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
     meta = pd.DataFrame(columns=_META)
     sampled = False
     if ds is not None:
-        versions = caption_columns(ds.schema)
+        versions = caption_versions(ds.schema)
         dup_cols = [f.name for f in ds.schema if "dup" in f.name.lower()]
         cols = _META + versions + dup_cols
         n_rows = ds.count_rows()
@@ -330,8 +331,8 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
 
     # This run's accounting and stages.
     run_rows = []
-    if outcome.curate is not None:
-        for c in outcome.curate.counts:
+    if outcome.detail("curate") is not None:
+        for c in outcome.detail("curate").counts:
             run_rows.append({"source": c.source, "seen": c.seen, "accepted": c.accepted,
                              "rejected": c.rejected, "flagged": sum(c.filtered.values()),
                              "reasons": ", ".join(f"{k}={v}" for k, v in

@@ -72,10 +72,12 @@ CURATED_SCHEMA = T.StructType(
         T.StructField("original_width", T.IntegerType(), False),
         T.StructField("original_height", T.IntegerType(), False),
         T.StructField("original_format", T.StringType(), True),
-        T.StructField("original_bytes", T.LongType(), False),
-        T.StructField("image_bytes", T.LongType(), False),
+        # Byte counts: the source's encoded image, and the stored JPEG (`image`).
+        T.StructField("original_size_bytes", T.LongType(), False),
+        T.StructField("image_size_bytes", T.LongType(), False),
         T.StructField("image_sha256", T.StringType(), False),
-        T.StructField("phash", T.LongType(), False),
+        # 64-bit difference hash of the stored image (udfs.images.dhash64), signed.
+        T.StructField("dhash", T.LongType(), False),
         T.StructField("aspect_ratio", T.DoubleType(), False),
         T.StructField("flags", T.ArrayType(T.StringType(), False), False),
         T.StructField("keep", T.BooleanType(), False),
@@ -105,7 +107,7 @@ DEDUP_SCHEMA = T.StructType(
         T.StructField("sample_id", T.StringType(), False),
         T.StructField("source", T.StringType(), False),
         T.StructField("image_sha256", T.StringType(), False),
-        T.StructField("phash", T.LongType(), False),
+        T.StructField("dhash", T.LongType(), False),
         T.StructField("dup_cluster_id", T.StringType(), False),
         T.StructField("is_canonical", T.BooleanType(), False),
         T.StructField("dup_kind", T.StringType(), False),
@@ -164,7 +166,7 @@ SOURCE_SCHEMA = T.StructType(
 )
 SOURCE_COLUMNS = tuple(SOURCE_SCHEMA.fieldNames())
 
-# The bronze `samples` manifest (Delta): one row per source record ever ingested,
+# The bronze manifest (Delta, `<root>/delta/manifest`): one row per source record ever ingested,
 # accepted or rejected, MERGEd on sample_id. It references the image (source_uri /
 # image_ref) instead of copying it; the prepared JPEG lives in the curated table.
 MANIFEST_SCHEMA = T.StructType(

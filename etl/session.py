@@ -2,8 +2,8 @@
 
 Delta comes in through its JARs (``spark.jars`` from the folder ``make jars`` fills)
 and its SQL extension and catalog; Lance through the Python data source
-:class:`etl.writers.lance.LanceDataSource`, registered as format ``lance``, plus
-temporary views over the curated tables for SQL (:func:`register_lance_views`).
+:class:`etl.writers.lance.LanceDataSource`, registered as format ``lance`` (SQL views
+over the tables: :mod:`etl.lakehouse.views`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,12 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from etl.config import Config, ConfigError
+from etl.config import Config
+from etl.errors import JarsMissingError
 
-__all__ = ["spark_conf", "get_spark", "register_lance_views", "JarsMissingError"]
+__all__ = ["spark_conf", "get_spark", "JarsMissingError"]
 
 _DELTA_JAR = "delta-spark_4.1_2.13-*.jar"
-
-
-class JarsMissingError(RuntimeError):
-    """The JARs Spark needs are not where the config says."""
 
 
 def _jar_paths(cfg: Config) -> list[str]:
@@ -98,22 +95,3 @@ def get_spark(cfg: Config) -> SparkSession:
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(LanceDataSource)
     return spark
-
-
-def register_lance_views(spark: SparkSession, cfg: Config) -> list[str]:
-    """Create a temporary view per Lance table under ``<root>/lance/<namespace>/``
-    (``curated`` for ``curated.lance``), so analysts can ``spark.sql`` them; plus the
-    dedup views (:func:`etl.jobs.dedup.register_dedup_views`) once dedup has run."""
-    lance_dir = cfg.storage.lance_dir
-    if "://" in lance_dir:
-        raise ConfigError("register_lance_views lists local folders only; use format('lance')")
-    names = []
-    for table in sorted(Path(lance_dir).glob("*.lance")):
-        name = table.name[: -len(".lance")]
-        spark.read.format("lance").load(str(table)).createOrReplaceTempView(name)
-        names.append(name)
-    # With a dedup table: `dedup`, `dup_clusters`, and `curated` with its columns joined.
-    from etl.jobs.dedup import register_dedup_views
-
-    extra = register_dedup_views(spark, cfg)
-    return names + [n for n in extra if n not in names]

@@ -12,8 +12,10 @@ JARS_DIR = REPO / ".jars"
 
 
 def make_config(root: Path, sources: list[dict] | None = None, **extra):
-    """A parsed Config rooted at `root`, using the project's fetched JARs."""
+    """A Config rooted at `root`, using the project's fetched JARs, parsed and checked
+    against the registries as the CLI does."""
     from etl.config import parse_config
+    from etl.pipeline.preflight import check_config
 
     raw = {
         "storage": {"root": str(root)},
@@ -27,7 +29,7 @@ def make_config(root: Path, sources: list[dict] | None = None, **extra):
         "sources": sources or [{"name": "dummy", "kind": "image_folder", "path": str(root)}],
         **extra,
     }
-    return parse_config(raw)
+    return check_config(parse_config(raw))
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +56,11 @@ def png_bytes(size=(40, 30), mode="RGB", color=(10, 200, 10)) -> bytes:
     buf = io.BytesIO()
     Image.new(mode, size, color).save(buf, format="PNG")
     return buf.getvalue()
+
+
+def run_all(cfg, *, stages=(), export_names=None):
+    """`lakeshard run` in-process: (run id, curate result, export results)."""
+    from etl.pipeline.runner import run_pipeline
+
+    out = run_pipeline(cfg, only=tuple(stages), export_names=export_names)
+    return out.run_id, out.detail("curate"), out.detail("export") or []

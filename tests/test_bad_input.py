@@ -13,7 +13,8 @@ import pytest
 from conftest import jpeg_bytes, make_config, png_bytes
 from httpserver import Server
 
-from etl.jobs.curate import curate, preflight
+from etl.jobs.curate import curate
+from etl.pipeline.preflight import check_sources
 
 pytestmark = pytest.mark.slow
 
@@ -108,7 +109,7 @@ def test_bad_records_are_counted_and_rejected_with_reasons(spark, tmp_path):
             {"name": "pq", "kind": "table", "path": str(pdir),
              "columns": {"key": "id", "image": "img", "caption": "cap"}},
         ])
-        preflight(cfg)
+        check_sources(cfg)
         result = curate(spark, cfg, "bad-run")
 
     counts = {c.source: c for c in result.counts}

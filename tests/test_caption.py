@@ -25,9 +25,9 @@ import pytest  # noqa: E402
 from conftest import REPO, make_config  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from etl.config import ConfigError  # noqa: E402
+from etl import tables  # noqa: E402
+from etl.config import DEFAULT_CAPTION_PROMPT, CaptionVersionConfig, ConfigError  # noqa: E402
 from udfs.caption import (  # noqa: E402
-    DEFAULT_PROMPT,
     CaptionSpec,
     TransformersCaptioner,
     caption_flags,
@@ -56,9 +56,10 @@ def tiny_model(tmp_path_factory) -> str:
 
 
 def _spec(model: str, **kw) -> CaptionSpec:
-    base = dict(model=model, max_new_tokens=12, batch_size=4, min_pixels=28 * 28,
-                max_pixels=56 * 56 * 2, local_files_only=True)
-    return CaptionSpec(**{**base, **kw})
+    base = dict(name="test", model=model, max_new_tokens=12, batch_size=4,
+                min_pixels=28 * 28, max_pixels=56 * 56 * 2)
+    settings = CaptionVersionConfig(**{**base, **kw})
+    return CaptionSpec(settings=settings, model_path=model, local_files_only=True)
 
 
 # ------------------------------------------------------------------ pure functions
@@ -136,7 +137,7 @@ def test_caption_images_real_model_bad_rows_and_image_conditioning(tiny_model):
         "missing image bytes")
     assert out["caption"][1] is None and out["caption"][2] is None
     assert all(isinstance(out["caption"][i], str) for i in (0, 3))
-    assert all(1 <= out["tokens"][i] <= spec.max_new_tokens for i in (0, 3))
+    assert all(1 <= out["tokens"][i] <= spec.settings.max_new_tokens for i in (0, 3))
     # A random model still conditions on the pixels: different photos, different text.
     assert out["caption"][0] != out["caption"][3]
     # Greedy decoding: the same input gives the same caption, alone or in a batch.
@@ -193,7 +194,8 @@ def test_a_hub_id_is_refused_offline(tiny_model):
     from udfs.caption import get_captioner
 
     with pytest.raises(OSError):
-        get_captioner(CaptionSpec(model="Qwen/Qwen2.5-VL-3B-Instruct"), device="cpu")
+        hub = CaptionVersionConfig(name="hub", model="Qwen/Qwen2.5-VL-3B-Instruct")
+        get_captioner(CaptionSpec(settings=hub, model_path=hub.model), device="cpu")
 
 
 # ------------------------------------------------------------------ Spark + Lance
@@ -228,7 +230,8 @@ def _rows(path: str, columns: list[str]) -> dict[str, dict]:
 def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
     spark, tmp_path, tiny_model
 ):
-    from etl.jobs.caption import caption, caption_columns
+    from etl.columns import caption_columns
+    from etl.jobs.caption import caption
     from etl.writers.lance_columns import write_columns
 
     prompt_b = "Describe the colours."
@@ -242,7 +245,7 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
         }},
         exports={"default": {"captions": {"caption": "caption_a"}, "partitions": 1}},
     )
-    path = cfg.storage.lance_table("curated")
+    path = tables.layout(cfg).curated
     images = _curated(spark, path, corrupt_id="id_camera")
     before = _files(path)
     spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "2")  # several batches
@@ -266,7 +269,7 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
     bad = got["id_camera"]
     assert bad["caption_a"] is None and bad["caption_a_status"] == "bad_image"
     assert bad["caption_a_error"].startswith("undecodable image")
-    sha = hashlib.sha256(DEFAULT_PROMPT.encode()).hexdigest()
+    sha = hashlib.sha256(DEFAULT_CAPTION_PROMPT.encode()).hexdigest()
     for sid, row in got.items():
         assert row["caption_a_model"] == tiny_model and row["caption_a_prompt_sha256"] == sha
         params = json.loads(row["caption_a_params"])
@@ -329,7 +332,7 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
 
 
 def test_cli_caption_no_op_and_errors_without_spark(tmp_path, tiny_model, spark):
-    from etl.jobs.caption import caption_columns
+    from etl.columns import caption_columns
     from etl.writers.lance_columns import write_columns
 
     conf = tmp_path / "c.yaml"
@@ -355,12 +358,12 @@ def test_cli_caption_no_op_and_errors_without_spark(tmp_path, tiny_model, spark)
 
     cfg = load_config(conf)
     spec = caption_spec(cfg, cfg.caption.version("a"))
-    path = cfg.storage.lance_table("curated")
+    path = tables.layout(cfg).curated
     _curated(spark, path, corrupt_id="id_camera")
     cols = caption_columns("a")
     values = {"caption_a": "x", "caption_a_status": "ok", "caption_a_model": tiny_model,
-              "caption_a_prompt_sha256": spec.prompt_sha256,
-              "caption_a_params": spec.params_json()}
+              "caption_a_prompt_sha256": spec.settings.prompt_sha256,
+              "caption_a_params": spec.settings.params_json()}
     done = spark.createDataFrame(
         [(f"id_{n}", *values.values()) for n in PHOTOS],
         "sample_id string, " + ", ".join(f"{c} {cols[c]}" for c in values),

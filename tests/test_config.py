@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from etl import tables
 from etl.config import ConfigError, load_config, parse_config
+from etl.pipeline.preflight import check_config
 
 
 def _raw(tmp_path, **over):
@@ -22,16 +24,18 @@ def test_embedded_default_parses_with_a_sample_source_of_each_kind():
     assert kinds == {"image_folder", "table", "webdataset", "delta", "lance"}
     assert all(s.sample for s in cfg.sources)
     assert cfg.prepare.jpeg_quality == 92
-    assert [e.name for e in cfg.exports] == ["default"]
+    assert list(cfg.exports) == ["default"]
 
 
 def test_output_layout_under_root(tmp_path):
     cfg = parse_config(_raw(tmp_path))
     root = str(tmp_path / "out")
-    assert cfg.storage.lance_table("curated") == f"{root}/lance/default/curated.lance"
-    assert cfg.storage.delta_table("rejects") == f"{root}/delta/rejects"
-    assert cfg.storage.export_dir("x") == f"{root}/mds/x"
-    assert cfg.storage.reports_dir == f"{root}/reports"
+    paths = tables.layout(cfg)
+    assert paths.curated == f"{root}/lance/default/curated.lance"
+    assert paths.rejects == f"{root}/delta/rejects"
+    assert paths.manifest == f"{root}/delta/manifest"
+    assert paths.export_dir("x") == f"{root}/mds/x"
+    assert paths.reports_dir == f"{root}/reports"
 
 
 def test_relative_root_is_made_absolute(tmp_path, monkeypatch):
@@ -50,11 +54,15 @@ def test_relative_root_is_made_absolute(tmp_path, monkeypatch):
             lambda r: r["sources"][0].update(kind="ftp"),
             "sources[0] (pics).kind: unknown kind 'ftp'",
         ),
-        (lambda r: r["sources"][0].pop("path"), "sources[0].path: required"),
-        (lambda r: r["sources"][0].update(colour=1), "sources[0]: unknown key 'colour'"),
+        (lambda r: r["sources"][0].pop("path"), "sources[0] (pics).path: required"),
+        (lambda r: r["sources"][0].update(colour=1), "sources[0] (pics): unknown key 'colour'"),
         (lambda r: r["sources"].append(dict(r["sources"][0])), "sources[1].name: duplicate"),
-        (lambda r: r.update(prepare={"jpeg_quality": 101}), "prepare.jpeg_quality: must be in"),
-        (lambda r: r.update(prepare={"threads": 0}), "prepare.threads: must be in"),
+        (lambda r: r.update(prepare={"jpeg_quality": 101}), "prepare.jpeg_quality: must be <= 100"),
+        (lambda r: r.update(prepare={"threads": 0}), "prepare.threads: must be >= 1"),
+        (lambda r: r.update(prepare={"threads": "2"}), "prepare.threads: expected an integer"),
+        (lambda r: r.update(caption={"versions": {"a": {"model": "m", "backend": "vllm"}}}),
+         "caption.versions.a.device: the vllm backend needs device: cuda"),
+        (lambda r: r.update(dedup={"threshold": 6, "bands": 6}), "dedup.bands: must be greater"),
         (lambda r: r.update(exports={"a": {"compression": "lz9"}}), "exports.a.compression"),
         (lambda r: r.update(sources=[]), "sources: expected a non-empty list"),
     ],
@@ -63,7 +71,7 @@ def test_bad_config_names_the_field(tmp_path, mutate, needle):
     raw = _raw(tmp_path)
     mutate(raw)
     with pytest.raises(ConfigError) as err:
-        parse_config(raw)
+        check_config(parse_config(raw))
     assert needle in str(err.value)
 
 
@@ -73,10 +81,10 @@ def test_table_source_requires_key_and_image_mapping(tmp_path):
         {"name": "t", "kind": "table", "path": str(tmp_path), "columns": {"image": "jpg"}}
     ]
     with pytest.raises(ConfigError, match=r"sources\[0\] \(t\)\.columns\.key: required"):
-        parse_config(raw)
+        check_config(parse_config(raw))
     raw["sources"][0]["columns"] = {"image": "jpg", "key": "id", "colour": "c"}
     with pytest.raises(ConfigError, match=r"'colour' is not a field a table source can map"):
-        parse_config(raw)
+        check_config(parse_config(raw))
 
 
 def test_missing_config_file_is_a_config_error(tmp_path):
@@ -94,5 +102,5 @@ def test_cluster_templates_parse_and_share_the_local_keys():
     for name in ("databricks.yaml", "emr.yaml"):
         raw = yaml.safe_load((conf_dir / name).read_text())
         assert set(raw) == set(local), name
-        cfg = parse_config(raw)
+        cfg = check_config(parse_config(raw))
         assert cfg.spark.jars_dir is None and cfg.exports

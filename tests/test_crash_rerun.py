@@ -20,6 +20,8 @@ import pytest
 import yaml
 from conftest import JARS_DIR, REPO
 
+from etl import tables
+
 pytestmark = pytest.mark.slow
 
 # Mid-ingest (rows prepared, nothing written), mid-curate (Lance written, rejects not
@@ -64,7 +66,7 @@ def _state(spark, cfg) -> dict:
     from streaming import StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
-    table = lance.dataset(cfg.storage.lance_table("curated")).to_table()
+    table = lance.dataset(tables.layout(cfg).curated).to_table()
     rows = []
     for r in table.to_pylist():
         r = {k: v for k, v in r.items() if k not in ("run_id", "ingested_at")}
@@ -72,10 +74,10 @@ def _state(spark, cfg) -> dict:
         rows.append(r)
     rows.sort(key=lambda r: r["sample_id"])
     rejects = sorted(
-        tuple(r) for r in spark.read.format("delta").load(cfg.storage.delta_table("rejects"))
+        tuple(r) for r in spark.read.format("delta").load(tables.layout(cfg).rejects)
         .select("sample_id", "source", "source_key", "stage", "reason").collect()
     )
-    export = cfg.storage.export_dir("train")
+    export = tables.layout(cfg).export_dir("train")
     files = {}
     for dp, _, fs in os.walk(export):
         for f in fs:
@@ -87,19 +89,19 @@ def _state(spark, cfg) -> dict:
     clean_stale_shared_memory()
     sds = StreamingDataset(local=export, shuffle=False, batch_size=1)
     mds_ids = sorted(sds[i]["sample_id"] for i in range(len(sds)))
-    leftovers = sorted(n for n in os.listdir(cfg.storage.mds_dir) if n.startswith("."))
+    leftovers = sorted(n for n in os.listdir(tables.layout(cfg).mds_dir) if n.startswith("."))
     return {"rows": rows, "rejects": rejects, "files": files, "manifest": manifest,
             "mds_ids": mds_ids, "leftovers": leftovers}
 
 
 def test_killed_runs_then_a_plain_rerun_match_an_uninterrupted_run(spark, tmp_path):
     from etl.config import load_config
-    from etl.jobs.run import lock_path, run_stages
-    from etl.ledger import RUNS_TABLE
+    from etl.pipeline.runner import run_pipeline
+    from etl.tables import lock_path
 
     # The uninterrupted run, on its own root.
     base_cfg = load_config(_conf(tmp_path, "uninterrupted"))
-    run_stages(base_cfg)
+    run_pipeline(base_cfg)
     expected = _state(spark, base_cfg)
     n_rows = len(expected["rows"])
     assert n_rows > 0 and len({r["sample_id"] for r in expected["rows"]}) == n_rows
@@ -115,9 +117,9 @@ def test_killed_runs_then_a_plain_rerun_match_an_uninterrupted_run(spark, tmp_pa
             assert f"LAKESHARD_KILL_AT={point}" in res.stderr
         assert os.path.exists(lock_path(cfg)), f"{point}: a killed run leaves its lock"
     # What the kills left: a table written by a killed run, a partial export.
-    assert lance.dataset(cfg.storage.lance_table("curated")).count_rows() == n_rows
-    assert any(n.startswith(".train.staging-") for n in os.listdir(cfg.storage.mds_dir))
-    assert not os.path.exists(cfg.storage.export_dir("train"))
+    assert lance.dataset(tables.layout(cfg).curated).count_rows() == n_rows
+    assert any(n.startswith(".train.staging-") for n in os.listdir(tables.layout(cfg).mds_dir))
+    assert not os.path.exists(tables.layout(cfg).export_dir("train"))
 
     res = _lakeshard(conf)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -133,7 +135,7 @@ def test_killed_runs_then_a_plain_rerun_match_an_uninterrupted_run(spark, tmp_pa
     assert got["leftovers"] == []                   # no staging folders left behind
 
     # The ledger: the four killed runs are `crashed`, the last one `ok`.
-    ledger = spark.read.format("delta").load(cfg.storage.delta_table(RUNS_TABLE))
+    ledger = spark.read.format("delta").load(tables.layout(cfg).runs)
     runs = {r.run_id: r.status for r in ledger.where("stage = 'run'").collect()}
     assert sorted(runs.values()) == ["crashed"] * len(KILL_POINTS) + ["ok"]
     assert ledger.where("status = 'running'").count() == 0

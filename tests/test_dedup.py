@@ -14,6 +14,7 @@ import pytest
 from conftest import make_config
 from PIL import Image
 
+from etl import tables
 from etl.config import ConfigError, DedupConfig
 from etl.transforms.dedup import (
     ASSIGNMENT_COLUMNS,
@@ -45,10 +46,10 @@ def _hamming(a: int, b: int) -> int:
     "dedup, needle",
     [
         ({"threshold": 4, "bands": 4}, "dedup.bands: must be greater than dedup.threshold"),
-        ({"threshold": 64}, "dedup.threshold: must be in [0, 63]"),
+        ({"threshold": 64}, "dedup.threshold: must be <= 63, got 64"),
         ({"source_priority": ["nope"]}, "dedup.source_priority[0]: 'nope' is not a configured"),
         ({"policy": ["resolution", "biggest"]}, "dedup.policy[1]: 'biggest' is not one of"),
-        ({"policy": ["earliest", "earliest"]}, "dedup.policy: a criterion is listed twice"),
+        ({"policy": ["earliest", "earliest"]}, "dedup.policy: a value is listed twice"),
         ({"threshold": 10, "bands": 40}, "dedup.bands: 40 bands with threshold 10 make"),
         ({"treshold": 3}, "dedup: unknown key 'treshold'"),
     ],
@@ -112,7 +113,7 @@ def test_hash_pairs_equal_brute_force_and_only_with_a_new_side(spark):
         hashes.append(_flip(rng.choice(hashes), rng.sample(range(64), rng.randint(1, 6))))
     hashes = sorted({_signed(h) for h in hashes})
     new = set(hashes[::3])
-    df = spark.createDataFrame([(h, h in new) for h in hashes], "phash long, is_new boolean")
+    df = spark.createDataFrame([(h, h in new) for h in hashes], "dhash long, is_new boolean")
 
     got = {(r.a, r.b): r.distance for r in hash_pairs(df, 4, 6, all_new=False).collect()}
     want = {
@@ -143,14 +144,14 @@ def test_connected_components_of_a_long_chain_and_a_pair(spark):
 # ----------------------------------------------------------------------- plan
 
 
-_ROW = ("sample_id string, source string, image_sha256 string, phash long, width int, "
+_ROW = ("sample_id string, source string, image_sha256 string, dhash long, width int, "
         "height int, original_width int, original_height int, ingested_at timestamp")
 _H = 0x0123456789ABCDEF
 _FAR = 0x7EDCBA9876543210
 
 
-def _row(sid, source, sha, phash, side, day):
-    return (sid, source, sha, phash, side, side, side, side, datetime(2026, 1, day))
+def _row(sid, source, sha, dhash, side, day):
+    return (sid, source, sha, dhash, side, side, side, side, datetime(2026, 1, day))
 
 
 def _state(prior: dict, plan) -> dict:
@@ -186,7 +187,7 @@ def test_plan_policy_then_incremental_keeps_ids_and_reassigns_canonical(spark):
 
     prior = spark.createDataFrame(
         [tuple(v[c] for c in ASSIGNMENT_COLUMNS) for v in state.values()],
-        "sample_id string, source string, image_sha256 string, phash long, "
+        "sample_id string, source string, image_sha256 string, dhash long, "
         "dup_cluster_id string, is_canonical boolean, dup_kind string, cluster_size long, "
         "run_id string",
     )
@@ -239,8 +240,9 @@ def _exported_ids(path: str) -> list[str]:
 
 @pytest.mark.slow
 def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_path):
-    from etl.jobs.run import format_summary, run
-    from etl.session import register_lance_views
+    from etl.lakehouse.views import register_views
+    from etl.pipeline.runner import run_pipeline
+    from etl.pipeline.summary import format_outcome
 
     photos = tmp_path / "in" / "photos"
     files = {
@@ -260,14 +262,14 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     )
 
     def state():
-        table = lance.dataset(cfg.storage.lance_table("curated"))
+        table = lance.dataset(tables.layout(cfg).curated)
         keys = {r["sample_id"]: r["source_key"]
                 for r in table.to_table(columns=["sample_id", "source_key"]).to_pylist()}
-        rows = spark.read.format("delta").load(cfg.storage.delta_table("dedup")).collect()
+        rows = spark.read.format("delta").load(tables.layout(cfg).dedup).collect()
         assert sorted(keys) == sorted(r.sample_id for r in rows)  # every row annotated
         return {keys[r.sample_id]: r for r in rows}, {v: k for k, v in keys.items()}
 
-    _, cur, exports = run(cfg)
+    out = run_pipeline(cfg)
     s1, ids = state()
     astro = s1["orig/astronaut.png"].dup_cluster_id
     assert s1["copies/astronaut_copy.png"].dup_cluster_id == astro
@@ -282,26 +284,26 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     assert kinds[twin[0]] == (False, "exact")
     assert kinds["copies/astronaut_small.jpg"] == (False, "near")
     # Stats per source, and the exports: duplicates left out unless asked for.
-    d = cur.dedup
+    d = out.detail("dedup")
     assert (d.counts[0].rows, d.counts[0].exact, d.counts[0].near, d.clusters) == (4, 1, 1, 1)
-    assert "exact rate" in format_summary("r", cur, exports)
-    assert _exported_ids(cfg.storage.export_dir("train")) == sorted(
+    assert "exact rate" in format_outcome(out)
+    assert _exported_ids(tables.layout(cfg).export_dir("train")) == sorted(
         [first, ids["other/coffee.png"]])
-    assert len(_exported_ids(cfg.storage.export_dir("everything"))) == 4
+    assert len(_exported_ids(tables.layout(cfg).export_dir("everything"))) == 4
     from etl.jobs.verify_export import verify_export
 
-    report = verify_export(cfg.storage.export_dir("train"))  # table rows - duplicates
+    report = verify_export(tables.layout(cfg).export_dir("train"))  # table rows - duplicates
     assert report.ok, report.problems
-    register_lance_views(spark, cfg)
+    register_views(spark, cfg)
     row = spark.sql("SELECT * FROM dup_clusters").collect()
     assert [(r.dup_cluster_id, r.cluster_size, r.canonical_sample_id, r.sources) for r in row] \
         == [(astro, 3, first, ["photos"])]
     assert spark.sql("SELECT count(*) FROM curated WHERE is_canonical").first()[0] == 2
 
     # Rerun, nothing new: same ids, nothing changed.
-    _, cur2, _ = run(cfg, stages=("curate", "dedup"))
+    d2 = run_pipeline(cfg, only=("curate", "dedup")).detail("dedup")
     s2, _ = state()
-    assert cur2.dedup.mode == "incremental" and cur2.dedup.changed == 0
+    assert d2.mode == "incremental" and d2.changed == 0
     assert {k: r.dup_cluster_id for k, r in s2.items()} == {
         k: r.dup_cluster_id for k, r in s1.items()}
 
@@ -312,14 +314,14 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
         _reencoded("astronaut.png", (1024, 1024), "PNG"))
     (photos / "new/coffee.jpg").write_bytes(_reencoded("coffee.png", (400, 300), "JPEG",
                                                        quality=85))
-    _, cur3, _ = run(cfg, export_names=("train",))
+    d3 = run_pipeline(cfg, export_names=("train",)).detail("dedup")
     s3, ids3 = state()
-    assert cur3.dedup.new_rows == 2
+    assert d3.new_rows == 2
     for key, r in s1.items():
         assert s3[key].dup_cluster_id == r.dup_cluster_id, key
     assert s3["new/astronaut_big.png"].dup_cluster_id == astro
     assert s3["new/astronaut_big.png"].is_canonical
     assert s3["new/coffee.jpg"].dup_cluster_id == ids3["other/coffee.png"]
     assert not s3["new/coffee.jpg"].is_canonical  # same size; the earlier row wins
-    assert _exported_ids(cfg.storage.export_dir("train")) == sorted(
+    assert _exported_ids(tables.layout(cfg).export_dir("train")) == sorted(
         [ids3["new/astronaut_big.png"], ids3["other/coffee.png"]])

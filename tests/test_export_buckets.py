@@ -13,8 +13,8 @@ import pytest
 from conftest import jpeg_bytes, make_config
 from PIL import Image
 
+from etl import tables
 from etl.config import BucketSpec
-from etl.jobs.curate import CURATED_TABLE
 from etl.jobs.export import export
 from etl.writers.mds.buckets import assign_buckets, bucket_set
 
@@ -46,7 +46,7 @@ def _curated(cfg) -> dict[str, dict]:
             }
         )
     lance.write_dataset(
-        pa.Table.from_pylist(rows), cfg.storage.lance_table(CURATED_TABLE), max_rows_per_file=5
+        pa.Table.from_pylist(rows), tables.layout(cfg).curated, max_rows_per_file=5
     )
     return {r["sample_id"]: r for r in rows}
 

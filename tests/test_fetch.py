@@ -10,9 +10,10 @@ import pytest
 from conftest import jpeg_bytes
 from httpserver import Server
 
-from udfs.fetch import FetchOptions, fetch_many, fetch_ref
+from etl.config import FetchConfig
+from udfs.fetch import fetch_many, fetch_ref
 
-FAST = FetchOptions(timeout_s=1.0, retries=2, backoff_s=0.05, max_bytes=1 << 20,
+FAST = FetchConfig(timeout_s=1.0, retries=2, backoff_s=0.05, max_bytes=1 << 20,
                     user_agent="lakeshard-test/1 (+polite)")
 
 
@@ -57,7 +58,7 @@ def test_transient_failures_are_retried_with_backoff(server):
 
 
 def test_a_stalling_server_times_out_within_the_deadline(server):
-    opts = FetchOptions(timeout_s=0.5, retries=0)
+    opts = FetchConfig(timeout_s=0.5, retries=0)
     t0 = time.monotonic()
     res = fetch_ref(server.url + "/stall", opts=opts)
     assert res.status == "timeout"
@@ -65,7 +66,7 @@ def test_a_stalling_server_times_out_within_the_deadline(server):
 
 
 def test_dns_and_connection_errors():
-    assert fetch_ref("http://no-such-host.invalid/x.jpg", opts=FetchOptions(retries=0)).status \
+    assert fetch_ref("http://no-such-host.invalid/x.jpg", opts=FetchConfig(retries=0)).status \
         == "dns"
     # a port nobody listens on
     import socket
@@ -74,7 +75,7 @@ def test_dns_and_connection_errors():
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()
-    res = fetch_ref(f"http://127.0.0.1:{port}/x", opts=FetchOptions(retries=1, backoff_s=0.01))
+    res = fetch_ref(f"http://127.0.0.1:{port}/x", opts=FetchConfig(retries=1, backoff_s=0.01))
     assert res.status == "connection" and res.attempts == 2
 
 
@@ -82,7 +83,7 @@ def test_per_host_limit_holds_under_many_threads(server):
     for i in range(12):
         server.files[f"s{i}.jpg"] = b"x"
     server.max_active = 0
-    opts = FetchOptions(per_host=2, threads=12, timeout_s=5)
+    opts = FetchConfig(per_host=2, threads=12, timeout_s=5)
     urls = [f"{server.url}/slowhost/s{i}.jpg" for i in range(12)]
     results = fetch_many(urls, [None] * 12, [None] * 12, opts)
     assert all(r.status == "ok" for r in results)
@@ -96,13 +97,13 @@ def test_files_ranges_and_missing(tmp_path):
     assert fetch_ref(f"file://{p}", 10, 5).data == bytes(range(10, 15))
     assert fetch_ref(f"file:{p}", 98, 5).status == "truncated"
     assert fetch_ref(str(tmp_path / "nope.jpg")).status == "missing_file"
-    assert fetch_ref(str(p), opts=FetchOptions(max_bytes=10)).status == "too_large"
+    assert fetch_ref(str(p), opts=FetchConfig(max_bytes=10)).status == "too_large"
     assert fetch_ref(None).status == "bad_url"
 
 
 def test_fetch_runs_inside_spark_tasks(spark, server):
     from etl.config import FetchConfig
-    from etl.jobs.curate import fetch_images
+    from etl.transforms.fetch import fetch_images
 
     rows = [("a", f"{server.url}/img/a.jpg", "ok"), ("b", f"{server.url}/404", "ok"),
             ("c", f"{server.url}/img/a.jpg", "rejected")]
@@ -111,7 +112,7 @@ def test_fetch_runs_inside_spark_tasks(spark, server):
         "k string, image_bytes binary, image_ref string, image_offset long, "
         "image_length long, read_status string, read_reason string",
     )
-    out = {r.k: r for r in fetch_images(df, FetchConfig(retries=0).options()).collect()}
+    out = {r.k: r for r in fetch_images(df, FetchConfig(retries=0)).collect()}
     assert out["a"].image_bytes == jpeg_bytes() and out["a"].read_status == "ok"
     assert (out["b"].read_status, out["b"].read_reason, out["b"].fetch_failed) == (
         "rejected", "http_404", True)

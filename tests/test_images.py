@@ -14,9 +14,10 @@ import pytest
 from conftest import jpeg_bytes, png_bytes
 from PIL import Image, ImageCms
 
-from udfs.images import PrepareOptions, dhash64, prepare_image
+from etl.config import PrepareConfig
+from udfs.images import dhash64, prepare_image
 
-OPTS = PrepareOptions(max_bytes=1 << 22, max_pixels=10_000_000, min_side=8)
+OPTS = PrepareConfig(max_image_bytes=1 << 22, max_pixels=10_000_000, min_side=8)
 
 
 def _decode(data: bytes) -> Image.Image:
@@ -53,7 +54,7 @@ def test_png_becomes_rgb_jpeg_with_same_size_and_hashes():
     data = png_bytes((40, 30))
     out, im = _ok(data)
     assert (out.width, out.height, out.original_width, out.original_height) == (40, 30, 40, 30)
-    assert out.original_format == "PNG" and out.original_bytes == len(data)
+    assert out.original_format == "PNG" and out.original_size_bytes == len(data)
     import hashlib
 
     assert out.image_sha256 == hashlib.sha256(out.image).hexdigest()
@@ -76,9 +77,11 @@ def test_every_common_format_decodes(fmt, kw):
 
 def test_quality_and_subsampling_are_applied():
     noisy = _save(Image.effect_noise((128, 128), 64).convert("RGB"), "PNG")
-    low = prepare_image(noisy, PrepareOptions(quality=30, min_side=8))
-    high = prepare_image(noisy, PrepareOptions(quality=92, min_side=8))
-    full = prepare_image(noisy, PrepareOptions(quality=92, subsampling="4:4:4", min_side=8))
+    low = prepare_image(noisy, PrepareConfig(jpeg_quality=30, min_side=8))
+    high = prepare_image(noisy, PrepareConfig(jpeg_quality=92, min_side=8))
+    full = prepare_image(
+        noisy, PrepareConfig(jpeg_quality=92, chroma_subsampling="4:4:4", min_side=8)
+    )
     assert len(low.image) < len(high.image) < len(full.image)
 
 
@@ -162,7 +165,7 @@ def test_decompression_bomb_is_rejected_from_the_header_fast_and_small():
     assert len(data) < 200
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     t0 = time.perf_counter()
-    for opts in (OPTS, PrepareOptions(max_pixels=10**12)):  # our cap, then PIL's own guard
+    for opts in (OPTS, PrepareConfig(max_pixels=10**12)):  # our cap, then PIL's own guard
         out = prepare_image(data, opts)
         assert (out.status, out.reason) == ("rejected", "too_many_pixels")
     assert time.perf_counter() - t0 < 1.0
@@ -183,27 +186,27 @@ def test_bad_inputs_are_rejected_with_reasons():
         assert (out.status, out.reason) == ("rejected", reason), (data[:10], out.detail)
         assert out.image is None
     assert prepare_image(None, OPTS).reason == "empty"
-    assert prepare_image(good, PrepareOptions(max_bytes=10)).reason == "too_large_bytes"
+    assert prepare_image(good, PrepareConfig(max_image_bytes=10)).reason == "too_large_bytes"
 
 
 def test_light_filters_flag_but_keep():
-    small, _ = _ok(png_bytes((40, 30)), PrepareOptions(min_side=64))
+    small, _ = _ok(png_bytes((40, 30)), PrepareConfig(min_side=64))
     assert (small.keep, small.filter_reason) == (False, "too_small")
-    wide, _ = _ok(png_bytes((600, 100)), PrepareOptions(min_side=64, max_aspect_ratio=5.0))
+    wide, _ = _ok(png_bytes((600, 100)), PrepareConfig(min_side=64, max_aspect_ratio=5.0))
     assert (wide.keep, wide.filter_reason) == (False, "extreme_aspect")
-    fine, _ = _ok(png_bytes((400, 100)), PrepareOptions(min_side=64, max_aspect_ratio=5.0))
+    fine, _ = _ok(png_bytes((400, 100)), PrepareConfig(min_side=64, max_aspect_ratio=5.0))
     assert fine.keep is True
 
 
 def test_max_side_resizes_with_lanczos_keeping_aspect():
     for data in (_save(_photo((800, 400)), "JPEG", quality=90), _save(_photo((800, 400)), "PNG")):
-        out, im = _ok(data, PrepareOptions(max_side=200, min_side=8))
+        out, im = _ok(data, PrepareConfig(max_side=200, min_side=8))
         assert im.size == (200, 100) and "resized" in out.flags
         assert (out.original_width, out.original_height) == (800, 400)
 
 
 def test_passthrough_keeps_baseline_jpeg_bytes_and_not_others():
-    opts = PrepareOptions(passthrough_jpeg=True, min_side=8)
+    opts = PrepareConfig(passthrough_jpeg=True, min_side=8)
     baseline = _save(_photo(), "JPEG", quality=85)
     out, _ = _ok(baseline, opts)
     assert out.image == baseline and "passthrough" in out.flags
@@ -231,11 +234,11 @@ def test_a_batch_prepared_on_threads_equals_one_image_at_a_time():
     good = [_save(_photo((64 + 8 * i, 48 + 4 * i)), "PNG") for i in range(12)]
     batch = [*good[:5], b"", b"not an image", *good[5:], None, jpeg_bytes((64, 64))[:300]]
     series = pd.Series(batch, dtype=object)
-    serial = _prepare_batch(series, PrepareOptions(min_side=8, threads=1))
-    threaded = _prepare_batch(series, PrepareOptions(min_side=8, threads=4))
+    serial = _prepare_batch(series, PrepareConfig(min_side=8, threads=1))
+    threaded = _prepare_batch(series, PrepareConfig(min_side=8, threads=4))
     pd.testing.assert_frame_equal(serial, threaded)
     # Row order is the input's: sizes and reasons line up with what was passed.
-    expected = [prepare_image(b, PrepareOptions(min_side=8)) for b in batch]
+    expected = [prepare_image(b, PrepareConfig(min_side=8)) for b in batch]
     assert threaded["status"].tolist() == [e.status for e in expected]
     assert threaded["image_sha256"].tolist() == [e.image_sha256 for e in expected]
     assert threaded["reason"].tolist()[5:7] == ["empty", "undecodable"]

@@ -14,7 +14,9 @@ import pytest
 from conftest import jpeg_bytes, make_config, png_bytes
 from httpserver import Server
 
-from etl.jobs.curate import curate, preflight
+from etl import tables
+from etl.jobs.curate import curate
+from etl.pipeline.preflight import check_sources
 
 pytestmark = pytest.mark.slow
 
@@ -70,7 +72,7 @@ def _sources(root):
 
 
 def _curate(spark, cfg, run_id):
-    preflight(cfg)
+    check_sources(cfg)
     return {c.source: c for c in curate(spark, cfg, run_id).counts}
 
 
@@ -87,10 +89,10 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path):
         for name in ("folder", "tars", "urls", "emb", "dl", "ln"):
             c = counts[name]
             assert (c.seen, c.accepted, c.rejected, c.unchanged) == (2, 2, 0, 0), c
-        manifest = spark.read.format("delta").load(cfg.storage.delta_table("samples"))
+        manifest = spark.read.format("delta").load(tables.layout(cfg).manifest)
         assert manifest.count() == 12
         assert {r.status for r in manifest.collect()} == {"accepted"}
-        curated = lance.dataset(cfg.storage.lance_table("curated"))
+        curated = lance.dataset(tables.layout(cfg).curated)
         rows = {r["source_key"]: r for r in curated.to_table(
             columns=["source", "source_key", "caption_original", "upstream_nsfw",
                      "upstream_quality", "metadata_json"]).to_pylist()}
@@ -113,7 +115,7 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path):
         for c in counts.values():
             assert (c.seen, c.accepted, c.rejected, c.unchanged) == (0, 0, 0, 2), c
         assert server.hits == hits
-        assert lance.dataset(cfg.storage.lance_table("curated")).version == version
+        assert lance.dataset(tables.layout(cfg).curated).version == version
 
         # Three new records: a folder image, a URL row, a new tar shard with one key.
         (tmp_path / "folder" / "c.jpg").write_bytes(_img(11))
@@ -128,14 +130,14 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path):
             "ln": (0, 0)}
         assert counts["folder"].unchanged == 2 and counts["tars"].unchanged == 2
         assert server.hits.get("/img/u1.jpg") == 1  # old URLs not fetched again
-        curated = lance.dataset(cfg.storage.lance_table("curated"))
+        curated = lance.dataset(tables.layout(cfg).curated)
         # One append (plus one version per scalar index extended to the new fragment).
         assert curated.count_rows() == 15 and curated.version > version
         new = [f for f in curated.get_fragments() if f.fragment_id not in old_fragments]
         assert sum(f.count_rows() for f in new) == 3  # the old fragments were not rewritten
-        assert spark.read.format("delta").load(cfg.storage.delta_table("samples")).count() == 15
+        assert spark.read.format("delta").load(tables.layout(cfg).manifest).count() == 15
 
-        acc = spark.read.format("delta").load(cfg.storage.delta_table("accounting"))
+        acc = spark.read.format("delta").load(tables.layout(cfg).accounting)
         by_run = {(r.run_id, r.status): r.n for r in acc.groupBy("run_id", "status")
                   .agg({"count": "sum"}).withColumnRenamed("sum(count)", "n").collect()}
         assert by_run == {("r1", "accepted"): 12, ("r2", "unchanged"): 12,

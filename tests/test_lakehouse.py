@@ -16,6 +16,7 @@ import yaml
 from conftest import REPO, make_config
 from lakehouse_data import ROWS, write_curated
 
+from etl import tables
 from etl.config import ConfigError
 from etl.lakehouse.features import ASPECT_BUCKETS, add_features
 from etl.lakehouse.indexes import ensure_scalar_indexes, indexed_columns, uses_index
@@ -154,6 +155,38 @@ def test_compact_merges_fragments_and_cleans_versions_past_retention(spark, tmp_
         lance.dataset(path, version=1).count_rows()
 
 
+def test_table_changing_commands_take_the_lock_and_write_the_ledger(spark, tmp_path):
+    from etl.errors import RunLockedError
+    from etl.pipeline.runner import run_command
+    from etl.runtime.lock import RunLock
+    from etl.tables import lock_path
+
+    cfg = make_config(tmp_path / "root", lakehouse={"retention_days": 0, "retain_versions": 1})
+    path = tables.layout(cfg).curated
+    write_curated(spark, path, ROWS[:8], parts=2)
+    write_curated_append(spark, path, ROWS[8:12])
+
+    # Another run holds the root: the command is refused before it changes anything.
+    version = lance.dataset(path).version
+    with RunLock(lock_path(cfg), "nightly-7"), pytest.raises(RunLockedError, match="nightly-7"):
+        run_command(cfg, "features", {"names": ["megapixels"]})
+    assert lance.dataset(path).version == version
+
+    feats = run_command(cfg, "features", {"names": ["megapixels"]}, run_id="feat-1")
+    comp = run_command(cfg, "compact", run_id="compact-1")
+    assert feats.detail("features").rows == 12 and comp.detail("compact").fragments_after == 1
+    assert not os.path.exists(lock_path(cfg))
+    ledger = spark.read.format("delta").load(tables.layout(cfg).runs)
+    rows = {(r.run_id, r.stage): r for r in ledger.collect()}
+    assert {k: r.status for k, r in rows.items()} == {
+        ("feat-1", "run"): "ok", ("feat-1", "features"): "ok",
+        ("compact-1", "run"): "ok", ("compact-1", "compact"): "ok",
+    }
+    assert rows[("compact-1", "compact")].table_versions["lance:curated"] == \
+        lance.dataset(path).version
+    assert rows[("feat-1", "features")].outputs["rows"] == 12
+
+
 def test_lakehouse_config_errors_name_the_field(tmp_path):
     with pytest.raises(ConfigError, match=r"lakehouse.scalar_indexes.source: 'HASH'"):
         make_config(tmp_path, lakehouse={"scalar_indexes": {"source": "hash"}})
@@ -201,7 +234,7 @@ def test_embed_then_search_returns_the_planted_best_match(spark, tmp_path):
 
     conf = _conf_file(tmp_path)
     cfg = make_config(tmp_path / "root")
-    path = cfg.storage.lance_table("curated")
+    path = tables.layout(cfg).curated
     write_curated(spark, path)
     before = _file_digests(path)
 

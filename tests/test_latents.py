@@ -14,11 +14,12 @@ import pytest
 from conftest import jpeg_bytes, make_config
 from latent_models import build_encoder
 
-from etl.config import ConfigError
-from etl.jobs.curate import CURATED_TABLE
+from etl import tables
+from etl.columns import latent_columns
+from etl.config import ConfigError, LatentEncoderConfig
 from etl.jobs.export import export
-from etl.jobs.latents import compute_latents, drop_latents, latent_columns
-from udfs.latents import EncoderSpec, encode_rows, encode_texts
+from etl.jobs.latents import compute_latents, drop_latents
+from udfs.latents import encode_rows, encode_texts
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -78,7 +79,7 @@ def _online(path: str, texts: list[str], max_tokens: int):
 @pytest.mark.parametrize("kind", ["bert", "t5", "gpt2"])
 def test_encode_texts_equals_online_encoding(models, kind):
     texts = ["a photo of a cat", LONG, "", "a dog running on the beach at sunset"]
-    spec = EncoderSpec(name=kind, path=models[kind], max_tokens=12)
+    spec = LatentEncoderConfig(name=kind, path=models[kind], max_tokens=12)
     got = encode_texts(spec, texts)
     hidden, mask, tokens = _online(models[kind], texts, 12)
     assert got.latents.dtype == np.float16 and got.latents.shape == (4, 12, hidden.shape[2])
@@ -93,9 +94,9 @@ def test_encode_texts_equals_online_encoding(models, kind):
 
 def test_zeros_padding_keeps_real_positions_and_zeroes_the_rest(models):
     texts = ["a photo of a cat", "a dog"]
-    full = encode_texts(EncoderSpec(name="b", path=models["bert"], max_tokens=16), texts)
+    full = encode_texts(LatentEncoderConfig(name="b", path=models["bert"], max_tokens=16), texts)
     short = encode_texts(
-        EncoderSpec(name="b", path=models["bert"], max_tokens=16, padding="zeros"), texts
+        LatentEncoderConfig(name="b", path=models["bert"], max_tokens=16, padding="zeros"), texts
     )
     assert (full.masks == short.masks).all()
     real = full.masks.astype(bool)
@@ -111,7 +112,7 @@ def test_bfloat16_is_stored_as_its_bit_patterns(models):
 
     texts = ["a photo of a cat", "a cup of coffee"]
     got = encode_texts(
-        EncoderSpec(name="b", path=models["bert"], max_tokens=8, dtype="bfloat16"), texts
+        LatentEncoderConfig(name="b", path=models["bert"], max_tokens=8, dtype="bfloat16"), texts
     )
     hidden, _, _ = _online(models["bert"], texts, 8)
     assert got.latents.dtype == np.uint16
@@ -121,7 +122,7 @@ def test_bfloat16_is_stored_as_its_bit_patterns(models):
 
 def test_a_failing_caption_is_isolated_and_reported(models):
     # GPT-2 with 16 positions: a caption longer than that fails inside the model.
-    spec = EncoderSpec(name="g", path=models["gpt2"], max_tokens=40, padding="zeros")
+    spec = LatentEncoderConfig(name="g", path=models["gpt2"], max_tokens=40, padding="zeros")
     enc, errors = encode_rows(spec, ["a photo of a cat", LONG, "a dog"])
     assert errors[0] is None and errors[2] is None
     assert errors[1].startswith("encoder_error: IndexError")
@@ -141,10 +142,10 @@ def test_float16_overflow_is_non_finite_not_inf_data(models, tmp_path):
     for f in Path(models["bert"]).glob("*token*"):
         (big / f.name).write_bytes(f.read_bytes())
     texts = ["a photo of a cat"]
-    _, errors = encode_rows(EncoderSpec(name="x", path=str(big), max_tokens=8), texts)
+    _, errors = encode_rows(LatentEncoderConfig(name="x", path=str(big), max_tokens=8), texts)
     assert errors == ["non_finite"]
     enc, errors = encode_rows(
-        EncoderSpec(name="x", path=str(big), max_tokens=8, dtype="bfloat16"), texts
+        LatentEncoderConfig(name="x", path=str(big), max_tokens=8, dtype="bfloat16"), texts
     )
     assert errors == [None]
 
@@ -179,7 +180,7 @@ def _curated(spark, cfg):
     schema = ("sample_id string, source string, image binary, width int, height int, "
               "original_width int, original_height int, caption_original string, "
               "caption_alt string, keep boolean")
-    path = cfg.storage.lance_table(CURATED_TABLE)
+    path = tables.layout(cfg).curated
     spark.createDataFrame(rows, schema).repartition(2).write.format("lance").mode(
         "overwrite").save(path)
     return path
@@ -421,5 +422,5 @@ def test_real_minilm_latents_through_the_cli_and_mds(spark, tmp_path):
 
     out = cli("latents", "--encoder", "minilm", "--drop")
     assert out.returncode == 0 and "dropped latent_caption_original_minilm" in out.stdout
-    names = lance.dataset(cfg.storage.lance_table(CURATED_TABLE)).schema.names
+    names = lance.dataset(tables.layout(cfg).curated).schema.names
     assert not any("minilm" in n for n in names)

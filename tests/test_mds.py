@@ -13,7 +13,8 @@ from conftest import jpeg_bytes
 from PIL import Image
 from pyspark.sql import functions as F
 
-from etl.writers.mds import FIXED_COLUMNS, export_mds
+from etl.transforms.export import FIXED_COLUMNS
+from etl.writers.mds import export_mds
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ from conftest import REPO, make_config
 from lakehouse_data import ROWS, write_curated
 from nbclient import NotebookClient
 
+from etl import tables
 from etl.schema import REJECTS_SCHEMA
 
 
@@ -31,11 +32,11 @@ def conf_file(spark, tmp_path_factory):
     path = root / "conf.yaml"
     path.write_text(yaml.safe_dump(raw))
     cfg = make_config(root / "data")
-    write_curated(spark, cfg.storage.lance_table("curated"), ROWS[:16], parts=2)
-    write_curated(spark, cfg.storage.lance_table("curated"), ROWS, parts=2)
+    write_curated(spark, tables.layout(cfg).curated, ROWS[:16], parts=2)
+    write_curated(spark, tables.layout(cfg).curated, ROWS, parts=2)
     rejects = [("a" * 32, "photos", "bad", None, "prepare", "truncated", None, "run-1")]
     spark.createDataFrame(rejects, REJECTS_SCHEMA).write.format("delta").save(
-        cfg.storage.delta_table("rejects")
+        tables.layout(cfg).rejects
     )
     return path
 

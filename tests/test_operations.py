@@ -20,7 +20,7 @@ import yaml
 from conftest import JARS_DIR, REPO, make_config
 
 from etl.config import ConfigError, load_config
-from etl.lock import RunLock, RunLockedError
+from etl.runtime.lock import RunLock, RunLockedError
 
 # ------------------------------------------------------------------ lock
 
@@ -122,7 +122,7 @@ def test_a_concurrent_cli_run_is_refused_before_spark(tmp_path):
 
 
 def test_stage_selection_keeps_registry_order():
-    from etl.jobs.stages import STAGES
+    from etl.pipeline.stages import STAGES
 
     names = list(STAGES.names())
     assert names[:1] == ["curate"] and names[-1] == "export"
@@ -144,7 +144,7 @@ def test_stage_selection_keeps_registry_order():
         ({"stages": []}, None, "run.stages: expected a non-empty list"),
         ({}, "s3://bucket/corpus", "run.lock_path: storage.root is an object store"),
         ({"lock_path": "s3://b/lock"}, None, "run.lock_path: 's3://b/lock' must be a POSIX"),
-        ({"progress_interval_s": -1}, None, "run.progress_interval_s: expected a number >= 0"),
+        ({"progress_interval_s": -1}, None, "run.progress_interval_s: must be >= 0"),
         ({"heartbeat_s": 60, "stale_lock_s": 60}, None, "run.heartbeat_s: 60 must be below"),
         ({"report": "yes"}, None, "run.report: expected true or false"),
         ({"lock": True, "color": 1}, None, "run: unknown key 'color'"),
@@ -152,13 +152,14 @@ def test_stage_selection_keeps_registry_order():
 )
 def test_bad_run_config_names_the_field(tmp_path, run, storage, message):
     from etl.config import parse_config
+    from etl.pipeline.preflight import check_config
 
     cfg = make_config(tmp_path)
     raw = {"storage": {"root": storage or str(tmp_path)}, "run": run,
            "sources": [{"name": "x", "kind": "image_folder", "path": str(tmp_path)}]}
     assert cfg.run.lock  # defaults parse
     with pytest.raises(ConfigError, match=re.escape(message)):
-        parse_config(raw)
+        check_config(parse_config(raw))
 
 
 def test_remote_root_without_lock_is_allowed_when_said_so(tmp_path):

@@ -8,12 +8,12 @@ import os
 
 import lance
 import pytest
-from conftest import make_config
+from conftest import make_config, run_all
 from PIL import Image
 
-from etl.jobs.run import run
-from etl.samples import FOLDER_BAD, FOLDER_FLAGGED, FOLDER_PHOTOS, TABLE_PHOTOS
-from etl.session import register_lance_views
+from etl import tables
+from etl.lakehouse.views import register_views
+from etl.sample_sources import FOLDER_BAD, FOLDER_FLAGGED, FOLDER_PHOTOS, TABLE_PHOTOS
 
 pytestmark = pytest.mark.slow
 
@@ -41,8 +41,8 @@ def _cfg(root):
 
 def _snapshot(cfg):
     """Everything a rerun must reproduce: curated rows, rejects, export files."""
-    table = lance.dataset(cfg.storage.lance_table("curated")).to_table().sort_by("sample_id")
-    export = cfg.storage.export_dir("train")
+    table = lance.dataset(tables.layout(cfg).curated).to_table().sort_by("sample_id")
+    export = tables.layout(cfg).export_dir("train")
     files = {}
     for dp, _, fs in os.walk(export):
         for f in fs:
@@ -59,7 +59,7 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
     from streaming import StreamingDataset
 
     cfg = _cfg(tmp_path)
-    run_id, cur, exports = run(cfg)
+    run_id, cur, exports = run_all(cfg)
 
     # Accounting, from the sample definitions (not from the pipeline).
     counts = {c.source: c for c in cur.counts}
@@ -75,7 +75,7 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
         assert c.seen == c.accepted + c.rejected
 
     # Lance via pylance.
-    ds = lance.dataset(cfg.storage.lance_table("curated"))
+    ds = lance.dataset(tables.layout(cfg).curated)
     n = n_folder + len(TABLE_PHOTOS)
     n_kept = n - len(FOLDER_FLAGGED)
     assert ds.count_rows() == n == cur.curated_rows
@@ -91,12 +91,12 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
         assert im.format == "JPEG" and im.mode == "RGB" and im.size == (r["width"], r["height"])
 
     # Lance via Spark SQL.
-    assert "curated" in register_lance_views(spark, cfg)
+    assert "curated" in register_views(spark, cfg)
     by_source = dict(spark.sql("SELECT source, count(*) FROM curated GROUP BY source").collect())
     assert by_source == {"photos": n_folder, "alt": len(TABLE_PHOTOS)}
 
     # Delta rejects.
-    rejects = spark.read.format("delta").load(cfg.storage.delta_table("rejects"))
+    rejects = spark.read.format("delta").load(tables.layout(cfg).rejects)
     assert sorted((r.source, r.reason) for r in rejects.collect()) == sorted(
         [("photos", "empty"), ("photos", "truncated"), ("photos", "undecodable"),
          ("alt", "missing_image"), ("alt", "undecodable")])
@@ -124,17 +124,17 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
     assert report.ok, report.problems
     assert report.images_decoded == n_kept
 
-    summary = json.load(open(os.path.join(cfg.storage.reports_dir, run_id, "summary.json")))
+    summary = json.load(open(os.path.join(tables.layout(cfg).reports_dir, run_id, "summary.json")))
     assert summary["curate"]["curated_rows"] == n
 
     # A second run on unchanged sources processes nothing (incremental): every record is
     # `unchanged`, the curated table gets no new version, the export is untouched.
     before = _snapshot(cfg)
-    _, cur2, _ = run(cfg)
+    _, cur2, _ = run_all(cfg)
     assert _snapshot(cfg) == before
     assert {c.source: (c.seen, c.unchanged) for c in cur2.counts} == {
         "photos": (0, counts["photos"].seen), "alt": (0, counts["alt"].seen)}
-    assert lance.dataset(cfg.storage.lance_table("curated")).version == ds.version
-    assert spark.read.format("delta").load(cfg.storage.delta_table("rejects")).count() == 5
-    manifest = spark.read.format("delta").load(cfg.storage.delta_table("samples"))
+    assert lance.dataset(tables.layout(cfg).curated).version == ds.version
+    assert spark.read.format("delta").load(tables.layout(cfg).rejects).count() == 5
+    manifest = spark.read.format("delta").load(tables.layout(cfg).manifest)
     assert manifest.count() == counts["photos"].seen + counts["alt"].seen

@@ -8,7 +8,7 @@ from importlib import resources
 import numpy as np
 from PIL import Image
 
-from etl.quality import audit_image, summarise
+from udfs.jpeg_quality import audit_image, summarise
 
 
 def _photo_bytes() -> bytes:

@@ -16,7 +16,8 @@ import pytest
 from conftest import make_config
 from PIL import Image
 
-from etl.samples import FOLDER_BAD, FOLDER_FLAGGED, FOLDER_PHOTOS, TABLE_PHOTOS
+from etl import tables
+from etl.sample_sources import FOLDER_BAD, FOLDER_FLAGGED, FOLDER_PHOTOS, TABLE_PHOTOS
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +32,7 @@ def _not_blank(path, min_colors=64) -> None:
 
 @pytest.fixture(scope="module")
 def finished_run(spark, tmp_path_factory):
-    from etl.jobs.run import run_stages
+    from etl.pipeline.runner import run_pipeline
 
     root = tmp_path_factory.mktemp("report")
     cfg = make_config(
@@ -56,7 +57,7 @@ def finished_run(spark, tmp_path_factory):
     events_log.addHandler(handler)
     events_log.setLevel(logging.INFO)
     try:
-        out = run_stages(cfg)
+        out = run_pipeline(cfg)
     finally:
         events_log.removeHandler(handler)
     events = [json.loads(r.getMessage()) for r in records]
@@ -66,7 +67,7 @@ def finished_run(spark, tmp_path_factory):
 def test_report_figures_match_the_sample_definitions(finished_run):
     cfg, out, _ = finished_run
     report_dir = os.path.dirname(out.report)
-    assert out.report == os.path.join(cfg.storage.reports_dir, out.run_id, "index.html")
+    assert out.report == os.path.join(tables.layout(cfg).reports_dir, out.run_id, "index.html")
     data = json.load(open(os.path.join(report_dir, "report.json")))
 
     # Expected from the sample definitions, not from the pipeline.
@@ -90,7 +91,7 @@ def test_report_figures_match_the_sample_definitions(finished_run):
     assert set(out.seconds) == {"curate", "dedup", "caption", "export", "report"}
 
     # Contact sheets: kept rows with their captions, the flagged one with its reason.
-    ds = lance.dataset(cfg.storage.lance_table("curated"))
+    ds = lance.dataset(tables.layout(cfg).curated)
     rows = {r["sample_id"]: r for r in ds.to_table(
         columns=["sample_id", "keep", "caption_original", "filter_reason"]).to_pylist()}
     assert len(data["contact_kept"]) == 4
@@ -130,11 +131,11 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
 
 
 def test_ledger_has_a_row_per_run_and_stage(spark, finished_run):
-    from etl.jobs.runs import format_runs
-    from etl.ledger import RUNS_TABLE, recent_runs
+    from etl.ledger import recent_runs
+    from etl.pipeline.summary import format_runs
 
     cfg, out, _ = finished_run
-    path = cfg.storage.delta_table(RUNS_TABLE)
+    path = tables.layout(cfg).runs
     rows = {r["stage"]: r for r in recent_runs(spark, path) if r["run_id"] == out.run_id}
     assert set(rows) == {"run", "curate", "dedup", "caption", "export"}
     assert {r["status"] for r in rows.values()} == {"ok"}
@@ -144,9 +145,9 @@ def test_ledger_has_a_row_per_run_and_stage(spark, finished_run):
     assert cur["inputs"]["seen"] == seen
     assert (cur["outputs"]["accepted"], cur["outputs"]["rejected"]) == (n, seen - n)
     assert cur["table_versions"]["lance:curated"] == lance.dataset(
-        cfg.storage.lance_table("curated")).version
+        tables.layout(cfg).curated).version
     manifest = json.loads(rows["export"]["export_manifests"])["train"]
-    with open(os.path.join(cfg.storage.export_dir("train"), "manifest.json")) as f:
+    with open(os.path.join(tables.layout(cfg).export_dir("train"), "manifest.json")) as f:
         on_disk = json.load(f)
     assert (manifest["samples"], manifest["checksum"]) == (on_disk["samples"],
                                                            on_disk["checksum"])
@@ -174,19 +175,19 @@ def test_events_progress_and_job_groups(spark, finished_run):
 
 
 def test_a_failing_stage_is_recorded_and_releases_the_lock(spark, finished_run):
-    import dataclasses
-
     from etl.config import ConfigError, ExportConfig
-    from etl.jobs.run import lock_path, run_stages
-    from etl.ledger import RUNS_TABLE
+    from etl.pipeline.runner import run_pipeline
+    from etl.tables import lock_path
 
     cfg, _, _ = finished_run
-    bad = dataclasses.replace(cfg, exports=(ExportConfig(name="bad", where="no_such_col > 1"),))
+    bad = cfg.model_copy(
+        update={"exports": {"bad": ExportConfig(name="bad", where="no_such_col > 1")}}
+    )
     with pytest.raises(ConfigError, match="exports.bad.where"):
-        run_stages(bad, only=("export",), run_id="failing-run")
+        run_pipeline(bad, only=("export",), run_id="failing-run")
     assert not os.path.exists(lock_path(cfg))
     rows = {r["stage"]: r for r in spark.read.format("delta")
-            .load(cfg.storage.delta_table(RUNS_TABLE)).where("run_id = 'failing-run'").collect()}
+            .load(tables.layout(cfg).runs).where("run_id = 'failing-run'").collect()}
     assert {k: r["status"] for k, r in rows.items()} == {
         "run": "failed", "export": "failed", "curate": "skipped", "dedup": "skipped",
         "caption": "skipped"}

@@ -10,9 +10,9 @@ import pytest
 from conftest import REPO, make_config
 from lakehouse_data import ROWS, write_curated
 
-from etl.lakehouse.views import register_lakehouse_views
+from etl import tables
+from etl.lakehouse.views import register_views
 from etl.schema import REJECTS_SCHEMA
-from etl.session import register_lance_views
 
 DOC = REPO / "docs" / "sql.md"
 REJECTS = [
@@ -33,16 +33,15 @@ def recipes() -> dict[str, str]:
 def sql(spark, tmp_path_factory):
     root = tmp_path_factory.mktemp("sql-recipes")
     cfg = make_config(root)
-    curated = cfg.storage.lance_table("curated")
-    rejects = cfg.storage.delta_table("rejects")
+    curated = tables.layout(cfg).curated
+    rejects = tables.layout(cfg).rejects
     # Version 1: the first 16 rows, row 0 flagged; version 2: all rows, row 0 kept.
     v1 = [dict(r) for r in ROWS[:16]]
     v1[0].update(keep=False, filter_reason="too_small")
     write_curated(spark, curated, v1, parts=2)
     write_curated(spark, curated, ROWS, parts=2)
     spark.createDataFrame(REJECTS, REJECTS_SCHEMA).write.format("delta").save(rejects)
-    register_lance_views(spark, cfg)
-    register_lakehouse_views(spark, cfg)
+    register_views(spark, cfg)
     paths = {
         "lakeshard-data/lance/default/curated.lance": curated,
         "lakeshard-data/delta/rejects": rejects,

@@ -8,7 +8,7 @@ from datetime import datetime
 from conftest import jpeg_bytes, png_bytes
 from pyspark.sql import functions as F
 
-from etl.config import SourceConfig
+from etl.config import PrepareConfig, SourceConfig
 from etl.schema import CURATED_COLUMNS, INGEST_SCHEMA, SAMPLE_ID_SEPARATOR
 from etl.sources import finish_ingest
 from etl.transforms.prepare import (
@@ -17,7 +17,6 @@ from etl.transforms.prepare import (
     prepare_images,
     rejected_rows,
 )
-from udfs.images import PrepareOptions
 
 
 def _expected_id(source: str, key: str) -> str:
@@ -53,7 +52,7 @@ def _prepared(spark):
         ("id4", "s2", "k4", None, "x", None, None, None, "rejected", "missing_image"),
         ("id5", "s2", "k5", None, "y", None, None, b"", "ok", None),
     ]
-    return prepare_images(_ingest_rows(spark, rows), PrepareOptions(min_side=10))
+    return prepare_images(_ingest_rows(spark, rows), PrepareConfig(min_side=10))
 
 
 def test_prepare_keeps_every_row_with_a_status(spark):
@@ -76,12 +75,12 @@ def test_accepted_and_rejected_split_the_rows(spark):
     assert set(rows) == {"id1", "id2"}
     assert (rows["id1"].width, rows["id1"].height) == (30, 20)
     assert rows["id1"].image[:2] == b"\xff\xd8"
-    assert rows["id1"].image_bytes == len(rows["id1"].image)
+    assert rows["id1"].image_size_bytes == len(rows["id1"].image)
     assert rows["id2"].original_format == "PNG" and rows["id1"].run_id == "r1"
     # 30x20 passes min_side=10; 8x6 is kept in the table but flagged.
     assert (rows["id1"].keep, rows["id1"].filter_reason) == (True, None)
     assert (rows["id2"].keep, rows["id2"].filter_reason) == (False, "too_small")
-    assert len(rows["id1"].image_sha256) == 64 and isinstance(rows["id1"].phash, int)
+    assert len(rows["id1"].image_sha256) == 64 and isinstance(rows["id1"].dhash, int)
     rej = {r.sample_id: r.reason for r in rejected_rows(prepared, run_id="r1").collect()}
     assert rej == {"id3": "undecodable", "id4": "missing_image", "id5": "empty"}
 

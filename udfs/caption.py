@@ -22,7 +22,6 @@ inference, imported only when selected. Heavy libraries load lazily, on the exec
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -36,11 +35,12 @@ import pandas as pd
 from pyspark.sql import types as T
 from pyspark.sql.functions import pandas_udf
 
+from etl.config import CaptionVersionConfig
+
 __all__ = [
     "BACKENDS",
     "STATUSES",
     "CHECK_FLAGS",
-    "DEFAULT_PROMPT",
     "CAPTION_TYPE",
     "CaptionSpec",
     "Generated",
@@ -68,15 +68,6 @@ STATUSES = ("ok", "bad_image", "failed")
 #   language_mismatch  the text is mostly not in the expected language's script
 CHECK_FLAGS = ("empty", "truncated", "repetition", "language_mismatch")
 
-DEFAULT_PROMPT = (
-    "Describe this image in one dense, faithful paragraph. Mention every visible "
-    "object and person, the scene and setting, the composition and camera angle, the "
-    "lighting and colours, and the style or medium (photo, illustration, render, "
-    "screenshot). Transcribe any visible text, logos, watermarks, borders or user "
-    "interface elements exactly. Describe only what is visible; do not guess or add "
-    "opinions."
-)
-
 CAPTION_TYPE = T.StructType(
     [
         T.StructField("caption", T.StringType(), True),
@@ -93,49 +84,25 @@ CAPTION_TYPE = T.StructType(
 
 @dataclass(frozen=True)
 class CaptionSpec:
-    """Everything an executor needs to caption; plain values, cheap to pickle."""
+    """Everything an executor needs to caption: the configured version (generation
+    settings, exactly as parsed) and where its model was resolved to."""
 
-    model: str  # a local folder or a hub id
-    backend: str = "transformers"
-    prompt: str = DEFAULT_PROMPT
-    prompt_format: str = "chat"  # chat: the processor's chat template; plain: prompt as is
-    max_new_tokens: int = 256
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    repetition_penalty: float = 1.0
-    seed: int = 0
-    batch_size: int = 8
-    min_pixels: int = 4 * 28 * 28
-    max_pixels: int = 640 * 28 * 28
-    device: str = "cpu"  # cpu or cuda (the GPU Spark assigned to the task)
-    dtype: str = "auto"  # auto: bfloat16 on cuda, float32 on cpu
-    language: str | None = "en"
-    trust_remote_code: bool = False
+    settings: CaptionVersionConfig
+    # A local folder (also the built smoke-test model) or a hub id.
+    model_path: str
+    # True when model_path is a local folder: no hub look-up at all.
     local_files_only: bool = False
-
-    @property
-    def prompt_sha256(self) -> str:
-        return hashlib.sha256(self.prompt.encode("utf-8")).hexdigest()
-
-    def generation_params(self) -> dict:
-        """What shapes the output besides the model and prompt: recorded with each row."""
-        keys = ("backend", "prompt_format", "max_new_tokens", "do_sample", "temperature",
-                "top_p", "top_k", "repetition_penalty", "seed", "min_pixels", "max_pixels",
-                "dtype")
-        return {k: getattr(self, k) for k in keys}
-
-    def params_json(self) -> str:
-        return json.dumps(self.generation_params(), sort_keys=True)
 
     def cache_key(self, device: str) -> str:
         """What the loaded model depends on: versions differing only in prompt or
         generation settings share one loaded model per worker."""
-        keys = ["model", "backend", "dtype", "trust_remote_code", "local_files_only"]
-        if self.backend == "vllm":  # vLLM bakes the image size range into the engine
-            keys += ["min_pixels", "max_pixels"]
-        return json.dumps({**{k: getattr(self, k) for k in keys}, "device": device})
+        s = self.settings
+        key = {"model": self.model_path, "backend": s.backend, "dtype": s.dtype,
+               "trust_remote_code": s.trust_remote_code,
+               "local_files_only": self.local_files_only, "device": device}
+        if s.backend == "vllm":  # vLLM bakes the image size range into the engine
+            key.update(min_pixels=s.min_pixels, max_pixels=s.max_pixels)
+        return json.dumps(key)
 
 
 @dataclass(frozen=True)
@@ -256,7 +223,7 @@ class Captioner:
         self.batch_limit: int | None = None
 
     def batch_size(self, spec: CaptionSpec) -> int:
-        return min(spec.batch_size, self.batch_limit or spec.batch_size)
+        return min(spec.settings.batch_size, self.batch_limit or spec.settings.batch_size)
 
     def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:  # pragma: no cover
         raise NotImplementedError
@@ -281,7 +248,7 @@ def _offline_if_local(spec: CaptionSpec) -> None:
 def _torch_dtype(spec: CaptionSpec, device: str):
     import torch
 
-    name = spec.dtype
+    name = spec.settings.dtype
     if name == "auto":
         name = "bfloat16" if device.startswith("cuda") else "float32"
     return getattr(torch, name)
@@ -302,15 +269,15 @@ class TransformersCaptioner(Captioner):
                 f"(torch {torch.__version__}, CUDA available: False)"
             )
         kw = {"local_files_only": spec.local_files_only,
-              "trust_remote_code": spec.trust_remote_code}
-        self.processor = AutoProcessor.from_pretrained(spec.model, **kw)
+              "trust_remote_code": spec.settings.trust_remote_code}
+        self.processor = AutoProcessor.from_pretrained(spec.model_path, **kw)
         tok = getattr(self.processor, "tokenizer", None)
         if tok is not None:
             tok.padding_side = "left"  # decoder-only generation needs left padding
             if tok.pad_token is None:
                 tok.pad_token = tok.eos_token
         self.model = AutoModelForImageTextToText.from_pretrained(
-            spec.model, dtype=_torch_dtype(spec, device), **kw
+            spec.model_path, dtype=_torch_dtype(spec, device), **kw
         ).to(device).eval()
         ip = getattr(self.processor, "image_processor", None)
         self._takes_pixels = ip is not None and hasattr(ip, "min_pixels")
@@ -323,13 +290,13 @@ class TransformersCaptioner(Captioner):
         # Qwen-style processors resize to a pixel range themselves: give them ours.
         if not self._takes_pixels:
             return {}
-        return {"min_pixels": spec.min_pixels, "max_pixels": spec.max_pixels}
+        return {"min_pixels": spec.settings.min_pixels, "max_pixels": spec.settings.max_pixels}
 
     def _prompt(self, spec: CaptionSpec) -> str:
-        if spec.prompt_format == "plain":
-            return spec.prompt
+        if spec.settings.prompt_format == "plain":
+            return spec.settings.prompt
         messages = [{"role": "user", "content": [
-            {"type": "image"}, {"type": "text", "text": spec.prompt}]}]
+            {"type": "image"}, {"type": "text", "text": spec.settings.prompt}]}]
         return self.processor.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
         )
@@ -337,10 +304,10 @@ class TransformersCaptioner(Captioner):
     def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:
         import torch
 
-        s = spec
+        s = spec.settings
         inputs = self.processor(
-            text=[self._prompt(s)] * len(images), images=images, padding=True,
-            return_tensors="pt", **self._pixel_kwargs(s),
+            text=[self._prompt(spec)] * len(images), images=images, padding=True,
+            return_tensors="pt", **self._pixel_kwargs(spec),
         ).to(self.device)
         if "pixel_values" in inputs and inputs["pixel_values"].is_floating_point():
             inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
@@ -392,24 +359,25 @@ class VLLMCaptioner(Captioner):
         if device.startswith("cuda:"):
             # vLLM places itself on the visible devices: show it only the task's GPU.
             os.environ["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
-        dtype = "auto" if spec.dtype == "auto" else spec.dtype
+        dtype = "auto" if spec.settings.dtype == "auto" else spec.settings.dtype
         self.llm = LLM(
-            model=spec.model,
+            model=spec.model_path,
             dtype=dtype,
-            trust_remote_code=spec.trust_remote_code,
-            seed=spec.seed,
+            trust_remote_code=spec.settings.trust_remote_code,
+            seed=spec.settings.seed,
             limit_mm_per_prompt={"image": 1},
-            mm_processor_kwargs={"min_pixels": spec.min_pixels, "max_pixels": spec.max_pixels},
+            mm_processor_kwargs={"min_pixels": spec.settings.min_pixels,
+                                 "max_pixels": spec.settings.max_pixels},
         )
         self.processor = AutoProcessor.from_pretrained(
-            spec.model, local_files_only=spec.local_files_only,
-            trust_remote_code=spec.trust_remote_code,
+            spec.model_path, local_files_only=spec.local_files_only,
+            trust_remote_code=spec.settings.trust_remote_code,
         )
 
     def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:
         from vllm import SamplingParams
 
-        s = spec
+        s = spec.settings
         if s.prompt_format == "plain":
             prompt = s.prompt
         else:
@@ -448,14 +416,15 @@ _BATCHES = 0
 def get_captioner(spec: CaptionSpec, device: str | None = None) -> Captioner:
     """The worker's captioner for `spec`, loaded on first use and then reused."""
     global _LOADS
-    device = device or _task_device(spec.device)
+    device = device or _task_device(spec.settings.device)
     key = spec.cache_key(device)
     cap = _CAPTIONERS.get(key)
     if cap is None:
-        if spec.backend not in _BACKEND_CLASSES:
-            raise ValueError(f"unknown caption backend {spec.backend!r} (known: {BACKENDS})")
-        log.info("loading caption model %s (%s) on %s", spec.model, spec.backend, device)
-        cap = _BACKEND_CLASSES[spec.backend](spec, device)
+        backend = spec.settings.backend
+        if backend not in _BACKEND_CLASSES:
+            raise ValueError(f"unknown caption backend {backend!r} (known: {BACKENDS})")
+        log.info("loading caption model %s (%s) on %s", spec.model_path, backend, device)
+        cap = _BACKEND_CLASSES[backend](spec, device)
         _CAPTIONERS[key] = cap
         _LOADS += 1
         from udfs.worker import settle_imports
@@ -478,7 +447,7 @@ def _short(exc: BaseException) -> str:
 
 def _generate_rows(cap: Captioner, images: list, spec: CaptionSpec
                    ) -> list[Generated | BaseException]:
-    """Generate for `images` in batches of ``spec.batch_size``; never raises for a row.
+    """Generate for `images` in batches of ``spec.settings.batch_size``; never raises for a row.
 
     Out of memory: halve the batch (for good, in this worker) and retry; at batch size
     1 the row fails. Any other error: retry the batch row by row to isolate the bad one.
@@ -531,7 +500,7 @@ def caption_images(spec: CaptionSpec, images: pd.Series, cap: Captioner | None =
     decoded, where = [], []
     for i, data in enumerate(images):
         try:
-            decoded.append(load_image(data, spec.min_pixels, spec.max_pixels))
+            decoded.append(load_image(data, spec.settings.min_pixels, spec.settings.max_pixels))
             where.append(i)
         except ValueError as exc:
             out["status"][i], out["error"][i] = "bad_image", str(exc)
@@ -545,7 +514,7 @@ def caption_images(spec: CaptionSpec, images: pd.Series, cap: Captioner | None =
             out["status"][i] = "ok"
             out["tokens"][i] = res.tokens
             out["flags"][i] = ",".join(
-                caption_flags(res.text, hit_limit=res.hit_limit, language=spec.language)
+                caption_flags(res.text, hit_limit=res.hit_limit, language=spec.settings.language)
             )
     out["worker"] = [f"{socket.gethostname()}:{os.getpid()}"] * n
     out["model_loads"] = [model_loads()] * n

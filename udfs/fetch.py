@@ -34,8 +34,9 @@ import pandas as pd
 from pyspark.sql import types as T
 from pyspark.sql.functions import pandas_udf
 
+from etl.config import FetchConfig
+
 __all__ = [
-    "FetchOptions",
     "FetchResult",
     "FETCH_TYPE",
     "FETCH_STATUSES",
@@ -62,18 +63,6 @@ FETCH_TYPE = T.StructType(
 )
 
 _CHUNK = 1 << 16
-
-
-@dataclass(frozen=True)
-class FetchOptions:
-    timeout_s: float = 10.0
-    retries: int = 2
-    backoff_s: float = 0.5
-    max_bytes: int = 64 * 1024 * 1024
-    per_host: int = 4
-    threads: int = 16
-    max_redirects: int = 5
-    user_agent: str = "lakeshard/0.1 (image-caption dataset builder; respects robots' 429)"
 
 
 @dataclass(frozen=True)
@@ -111,11 +100,11 @@ class _LimitedRedirects(urllib.request.HTTPRedirectHandler):
         self.max_redirections = limit
 
 
-def _opener(opts: FetchOptions) -> urllib.request.OpenerDirector:
+def _opener(opts: FetchConfig) -> urllib.request.OpenerDirector:
     return urllib.request.build_opener(_LimitedRedirects(opts.max_redirects))
 
 
-def _http_once(url: str, opts: FetchOptions, rng: tuple[int, int] | None) -> FetchResult:
+def _http_once(url: str, opts: FetchConfig, rng: tuple[int, int] | None) -> FetchResult:
     headers = {"User-Agent": opts.user_agent, "Accept": "image/*,*/*;q=0.5"}
     if rng is not None:
         headers["Range"] = f"bytes={rng[0]}-{rng[0] + rng[1] - 1}"
@@ -164,7 +153,7 @@ def _classify(exc: BaseException) -> FetchResult:
     return FetchResult(None, "error", f"{type(exc).__name__}: {exc}")
 
 
-def _http(url: str, opts: FetchOptions, rng: tuple[int, int] | None) -> FetchResult:
+def _http(url: str, opts: FetchConfig, rng: tuple[int, int] | None) -> FetchResult:
     host = urllib.parse.urlsplit(url).netloc.lower()
     attempts = 0
     while True:
@@ -185,7 +174,7 @@ def _http(url: str, opts: FetchOptions, rng: tuple[int, int] | None) -> FetchRes
 # ---------------------------------------------------------------- files, fsspec
 
 
-def _local(path: str, opts: FetchOptions, rng: tuple[int, int] | None) -> FetchResult:
+def _local(path: str, opts: FetchConfig, rng: tuple[int, int] | None) -> FetchResult:
     try:
         size = os.path.getsize(path)
         want = rng[1] if rng is not None else size
@@ -206,7 +195,7 @@ def _local(path: str, opts: FetchOptions, rng: tuple[int, int] | None) -> FetchR
         return FetchResult(None, "error", f"{type(exc).__name__}: {exc}")
 
 
-def _fsspec(url: str, opts: FetchOptions, rng: tuple[int, int] | None) -> FetchResult:
+def _fsspec(url: str, opts: FetchConfig, rng: tuple[int, int] | None) -> FetchResult:
     import fsspec
 
     try:
@@ -233,9 +222,10 @@ def _fsspec(url: str, opts: FetchOptions, rng: tuple[int, int] | None) -> FetchR
 
 def fetch_ref(
     ref: str | None, offset: int | None = None, length: int | None = None,
-    opts: FetchOptions = FetchOptions(),
+    opts: FetchConfig | None = None,
 ) -> FetchResult:
     """Fetch one reference (optionally a byte range of it); never raises."""
+    opts = opts or FetchConfig()
     if not ref or not isinstance(ref, str):
         return FetchResult(None, "bad_url", "empty reference", 0)
     rng = None if length is None else (int(offset or 0), int(length))
@@ -253,7 +243,7 @@ def fetch_ref(
 
 
 def fetch_many(
-    refs: list, offsets: list, lengths: list, opts: FetchOptions
+    refs: list, offsets: list, lengths: list, opts: FetchConfig
 ) -> list[FetchResult]:
     """Fetch a batch concurrently (threads; the per-host limit still applies)."""
     jobs = list(zip(refs, offsets, lengths, strict=True))
@@ -267,7 +257,7 @@ def _none(v):
     return None if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v
 
 
-def fetch_udf(opts: FetchOptions):
+def fetch_udf(opts: FetchConfig):
     """A pandas UDF (ref, offset, length) -> FETCH_TYPE; rows with a null ref get
     status ``bad_url`` (callers only pass rows that need fetching)."""
 

@@ -15,17 +15,20 @@ import hashlib
 import io
 import warnings
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 import pandas as pd
 from pyspark.sql import types as T
 from pyspark.sql.functions import pandas_udf
+
+if TYPE_CHECKING:
+    from etl.config import PrepareConfig
 
 __all__ = [
     "PREPARED_TYPE",
     "REJECT_REASONS",
     "FILTER_REASONS",
     "FLAGS",
-    "PrepareOptions",
     "PreparedImage",
     "prepare_image",
     "dhash64",
@@ -52,9 +55,9 @@ PREPARED_TYPE = T.StructType(
         T.StructField("original_width", T.IntegerType(), True),
         T.StructField("original_height", T.IntegerType(), True),
         T.StructField("original_format", T.StringType(), True),
-        T.StructField("original_bytes", T.LongType(), True),
+        T.StructField("original_size_bytes", T.LongType(), True),
         T.StructField("image_sha256", T.StringType(), True),
-        T.StructField("phash", T.LongType(), True),
+        T.StructField("dhash", T.LongType(), True),
         T.StructField("aspect_ratio", T.DoubleType(), True),
         T.StructField("flags", T.ArrayType(T.StringType(), False), True),
         T.StructField("keep", T.BooleanType(), True),
@@ -67,22 +70,6 @@ PREPARED_TYPE = T.StructType(
 
 
 @dataclass(frozen=True)
-class PrepareOptions:
-    quality: int = 92
-    subsampling: str = "4:2:0"  # "4:4:4", "4:2:2" or "4:2:0"
-    max_bytes: int = 64 * 1024 * 1024
-    max_pixels: int = 100_000_000
-    max_side: int | None = None  # downscale (Lanczos) so the longer side fits
-    passthrough_jpeg: bool = False  # keep baseline RGB JPEGs within limits as they are
-    min_side: int = 64  # filter: shorter side below this -> keep=False, too_small
-    max_aspect_ratio: float = 5.0  # filter: long/short side above this -> extreme_aspect
-    # Images of one Arrow batch prepared concurrently by this many threads (Pillow
-    # releases the GIL while it decodes, converts, resizes and encodes): a task whose
-    # batch holds a few large images keeps more than one core busy.
-    threads: int = 2
-
-
-@dataclass(frozen=True)
 class PreparedImage:
     status: str
     image: bytes | None = None
@@ -91,9 +78,9 @@ class PreparedImage:
     original_width: int | None = None
     original_height: int | None = None
     original_format: str | None = None
-    original_bytes: int | None = None
+    original_size_bytes: int | None = None
     image_sha256: str | None = None
-    phash: int | None = None
+    dhash: int | None = None
     aspect_ratio: float | None = None
     flags: list[str] = field(default_factory=list)
     keep: bool | None = None
@@ -104,7 +91,7 @@ class PreparedImage:
 
 def _rejected(reason: str, detail: str, nbytes: int | None, **kw) -> PreparedImage:
     return PreparedImage(
-        status="rejected", reason=reason, detail=detail[:500], original_bytes=nbytes, **kw
+        status="rejected", reason=reason, detail=detail[:500], original_size_bytes=nbytes, **kw
     )
 
 
@@ -121,7 +108,7 @@ def dhash64(im) -> int:
     return value - (1 << 64) if value >= (1 << 63) else value
 
 
-def _filters(w: int, h: int, opts: PrepareOptions) -> tuple[bool, str | None]:
+def _filters(w: int, h: int, opts: PrepareConfig) -> tuple[bool, str | None]:
     if min(w, h) < opts.min_side:
         return False, "too_small"
     if max(w, h) / min(w, h) > opts.max_aspect_ratio:
@@ -175,7 +162,7 @@ def _to_rgb(im, flags: list[str]):
     return im if im.mode == "RGB" else im.convert("RGB")
 
 
-def _can_pass_through(im, data: bytes, opts: PrepareOptions) -> bool:
+def _can_pass_through(im, data: bytes, opts: PrepareConfig) -> bool:
     if not (opts.passthrough_jpeg and im.format == "JPEG" and im.mode == "RGB"):
         return False
     if im.info.get("progressive") or im.info.get("progression"):
@@ -204,7 +191,7 @@ def _quiet_bomb_warnings() -> None:
 _BOMB_WARNINGS_QUIET = False
 
 
-def prepare_image(data: bytes | None, opts: PrepareOptions) -> PreparedImage:
+def prepare_image(data: bytes | None, opts: PrepareConfig) -> PreparedImage:
     """Decode `data` safely and return the JPEG the curated table stores, with hashes,
     flags and the light-filter verdict; never raises for bad image data."""
     from PIL import Image, ImageOps
@@ -213,8 +200,8 @@ def prepare_image(data: bytes | None, opts: PrepareOptions) -> PreparedImage:
     if data is None or len(data) == 0:
         return _rejected("empty", "zero-byte or missing image", 0 if data is not None else None)
     nbytes = len(data)
-    if nbytes > opts.max_bytes:
-        return _rejected("too_large_bytes", f"{nbytes} bytes > cap {opts.max_bytes}", nbytes)
+    if nbytes > opts.max_image_bytes:
+        return _rejected("too_large_bytes", f"{nbytes} bytes > cap {opts.max_image_bytes}", nbytes)
     flags: list[str] = []
     try:
         im = Image.open(io.BytesIO(data))
@@ -253,7 +240,7 @@ def prepare_image(data: bytes | None, opts: PrepareOptions) -> PreparedImage:
             rgb = rgb.resize(size, Image.Resampling.LANCZOS)
             flags.append("resized")
         out = io.BytesIO()
-        rgb.save(out, format="JPEG", quality=opts.quality, subsampling=opts.subsampling)
+        rgb.save(out, format="JPEG", quality=opts.jpeg_quality, subsampling=opts.chroma_subsampling)
         encoded = out.getvalue()
     except Image.DecompressionBombError as exc:
         return _rejected("too_many_pixels", str(exc), nbytes)
@@ -267,7 +254,7 @@ def prepare_image(data: bytes | None, opts: PrepareOptions) -> PreparedImage:
     return _ok(encoded, rgb.width, rgb.height, ow, oh, fmt, nbytes, dhash64(rgb), flags, opts)
 
 
-def _ok(encoded, w, h, ow, oh, fmt, nbytes, phash, flags, opts) -> PreparedImage:
+def _ok(encoded, w, h, ow, oh, fmt, nbytes, dhash, flags, opts) -> PreparedImage:
     keep, why = _filters(w, h, opts)
     return PreparedImage(
         status="ok",
@@ -277,9 +264,9 @@ def _ok(encoded, w, h, ow, oh, fmt, nbytes, phash, flags, opts) -> PreparedImage
         original_width=ow,
         original_height=oh,
         original_format=fmt,
-        original_bytes=nbytes,
+        original_size_bytes=nbytes,
         image_sha256=hashlib.sha256(encoded).hexdigest(),
-        phash=phash,
+        dhash=dhash,
         aspect_ratio=round(w / h, 6),
         flags=flags,
         keep=keep,
@@ -287,7 +274,7 @@ def _ok(encoded, w, h, ow, oh, fmt, nbytes, phash, flags, opts) -> PreparedImage
     )
 
 
-def _prepare_one(b, opts: PrepareOptions) -> dict:
+def _prepare_one(b, opts: PrepareConfig) -> dict:
     try:
         result = prepare_image(None if b is None else bytes(b), opts)
     except Exception as exc:  # noqa: BLE001 -- one image must never fail the task
@@ -307,18 +294,19 @@ def _pool(threads: int):
     return _POOLS[threads]
 
 
-def _prepare_batch(images: pd.Series, opts: PrepareOptions) -> pd.DataFrame:
+def _prepare_batch(images: pd.Series, opts: PrepareConfig) -> pd.DataFrame:
     if opts.threads > 1 and len(images) > 1:
         rows = list(_pool(opts.threads).map(lambda b: _prepare_one(b, opts), images))
     else:
         rows = [_prepare_one(b, opts) for b in images]
     frame = pd.DataFrame(rows, columns=PREPARED_TYPE.fieldNames())
-    for col in ("width", "height", "original_width", "original_height", "original_bytes", "phash"):
+    for col in ("width", "height", "original_width", "original_height", "original_size_bytes",
+                "dhash"):
         frame[col] = frame[col].astype("Int64")
     return frame
 
 
-def prepare_udf(opts: PrepareOptions):
+def prepare_udf(opts: PrepareConfig):
     """A pandas UDF: binary image column -> struct of :data:`PREPARED_TYPE`."""
 
     @pandas_udf(PREPARED_TYPE)

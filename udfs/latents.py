@@ -34,8 +34,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from etl.config import LatentEncoderConfig
+
 __all__ = [
-    "EncoderSpec",
     "EncodedTexts",
     "STORAGE_BYTES",
     "MDS_DTYPE",
@@ -55,20 +56,6 @@ log = logging.getLogger(__name__)
 STORAGE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 MDS_DTYPE = {"float16": "float16", "bfloat16": "uint16", "float32": "float32"}
 ERROR_REASONS = ("encoder_error", "non_finite")
-
-
-@dataclass(frozen=True)
-class EncoderSpec:
-    """Executor-side settings of one encoder (picklable, hashable)."""
-
-    name: str
-    path: str
-    max_tokens: int = 77
-    dtype: str = "float16"
-    compute_dtype: str = "float32"
-    batch_size: int = 32
-    device: str = "cpu"
-    padding: str = "max_length"
 
 
 @dataclass(frozen=True)
@@ -120,7 +107,7 @@ def _torch_dtype(name: str):
     return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
 
 
-def _device(spec: EncoderSpec) -> str:
+def _device(spec: LatentEncoderConfig) -> str:
     if spec.device == "cpu":
         return "cpu"
     import torch
@@ -141,7 +128,7 @@ def _device(spec: EncoderSpec) -> str:
     return spec.device
 
 
-def load_encoder(spec: EncoderSpec):
+def load_encoder(spec: LatentEncoderConfig):
     """(tokenizer, model, device), loaded once per worker for (path, dtype, device)."""
     device = _device(spec)
     key = (spec.path, spec.compute_dtype, device)
@@ -171,7 +158,7 @@ def load_encoder(spec: EncoderSpec):
     return _MODELS[key]
 
 
-def encode_texts(spec: EncoderSpec, texts: list[str]) -> EncodedTexts:
+def encode_texts(spec: LatentEncoderConfig, texts: list[str]) -> EncodedTexts:
     """Encode one batch: latents padded/truncated to ``max_tokens``, masks, counts."""
     import torch
 
@@ -210,7 +197,7 @@ def encode_texts(spec: EncoderSpec, texts: list[str]) -> EncodedTexts:
     return EncodedTexts(np.ascontiguousarray(values), mask, tokens, finite)
 
 
-def encode_rows(spec: EncoderSpec, texts: list[str]) -> tuple[EncodedTexts | None, list]:
+def encode_rows(spec: LatentEncoderConfig, texts: list[str]) -> tuple[EncodedTexts | None, list]:
     """Encode a batch; if it raises, retry caption by caption.
 
     Returns (encoded batch or None, per-row error or None). When the batch failed, the
@@ -274,7 +261,7 @@ def _binary_rows(matrix: np.ndarray, valid: np.ndarray) -> pa.Array:
     return pc.if_else(pa.array(valid), arr, pa.scalar(None, pa.binary()))
 
 
-def latents_mapper(spec: EncoderSpec, captions: list[str], keys: list[str], columns_for):
+def latents_mapper(spec: LatentEncoderConfig, captions: list[str], keys: list[str], columns_for):
     """A ``mapInArrow`` function: rows (keys + caption columns) -> keys + per caption
     latent, attention mask, token count and error (names from ``columns_for(caption)``)."""
     out_fields = output_columns(captions, columns_for)

@@ -1,7 +1,7 @@
 """Caption job: a named caption version over the curated Lance table, as new columns.
 
 For version ``v`` the table gains ``caption_v`` plus provenance columns (see
-:func:`caption_columns`): status and error, caption-check flags, generated tokens,
+:func:`etl.columns.caption_columns`): status and error, caption-check flags, generated tokens,
 model, prompt hash, generation parameters and a timestamp. The values are written with
 :func:`etl.writers.lance_columns.write_columns` -- new data files holding only those
 columns, one ``Update`` commit -- so the data files holding image bytes are never
@@ -24,49 +24,38 @@ from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from etl.config import CaptionVersionConfig, Config, ConfigError
-from etl.jobs.curate import CURATED_TABLE
+from etl import tables
+from etl.columns import caption_columns
+from etl.config import CaptionVersionConfig, Config
+from etl.errors import ConfigError
+from etl.runtime.stage import RunContext, StageResult
 from etl.tiny_vlm import TINY_MODEL, ensure_tiny_vlm
 from etl.writers.lance import FRAGMENT_ID
 from etl.writers.lance_columns import write_columns
-from udfs.caption import DEFAULT_PROMPT, CaptionSpec, caption_udf
+from udfs.caption import CaptionSpec, caption_udf
 
 __all__ = [
     "CaptionPlan",
     "CaptionResult",
-    "caption_columns",
     "caption_spec",
     "plan_caption",
     "caption",
     "format_caption",
     "write_caption_report",
+    "stage",
+    "check",
 ]
 
 log = logging.getLogger(__name__)
 
 
-def caption_columns(version: str) -> dict[str, str]:
-    """The columns of caption version `version`: name -> Spark SQL type."""
-    c = f"caption_{version}"
-    return {
-        c: "string",  # the caption; null unless status = 'ok'
-        f"{c}_status": "string",  # ok | bad_image | failed (udfs.caption.STATUSES)
-        f"{c}_error": "string",  # why, when not ok
-        f"{c}_flags": "string",  # caption checks, comma-separated ('' = none)
-        f"{c}_tokens": "int",  # generated tokens
-        f"{c}_model": "string",  # model id or path, as configured
-        f"{c}_prompt_sha256": "string",
-        f"{c}_params": "string",  # generation parameters, JSON
-        f"{c}_at": "timestamp",  # when this row was captioned (UTC)
-    }
-
-
 def caption_spec(cfg: Config, v: CaptionVersionConfig) -> CaptionSpec:
-    """The executor-side spec; resolves (and on first use builds) the smoke-test model."""
+    """The executor-side spec: the version's settings and where its model is (on first
+    use the smoke-test model is built)."""
     where = f"caption.versions.{v.name}"
     model, local = v.model, False
     if v.model == TINY_MODEL:
-        if "://" in cfg.storage.root:
+        if cfg.storage.is_remote:
             raise ConfigError(f"{where}.model: {TINY_MODEL} needs a local storage.root")
         model, local = str(ensure_tiny_vlm(Path(cfg.storage.root, "models"))), True
     elif Path(v.model).expanduser().exists():
@@ -78,27 +67,7 @@ def caption_spec(cfg: Config, v: CaptionVersionConfig) -> CaptionSpec:
             f"{where}.backend: vllm is not installed; pip install 'lakeshard[vllm]' "
             "(on the driver and the GPU executors)"
         )
-    return CaptionSpec(
-        model=model,
-        backend=v.backend,
-        prompt=v.prompt or DEFAULT_PROMPT,
-        prompt_format=v.prompt_format,
-        max_new_tokens=v.max_new_tokens,
-        do_sample=v.do_sample,
-        temperature=v.temperature,
-        top_p=v.top_p,
-        top_k=v.top_k,
-        repetition_penalty=v.repetition_penalty,
-        seed=v.seed,
-        batch_size=v.batch_size,
-        min_pixels=v.min_pixels,
-        max_pixels=v.max_pixels,
-        device=v.device,
-        dtype=v.dtype,
-        language=v.language,
-        trust_remote_code=v.trust_remote_code,
-        local_files_only=local,
-    )
+    return CaptionSpec(settings=v, model_path=model, local_files_only=local)
 
 
 @dataclass(frozen=True)
@@ -118,17 +87,11 @@ def _q(name: str) -> str:
 
 def plan_caption(cfg: Config, name: str | None = None, *, force: bool = False) -> CaptionPlan:
     """Everything checked before Spark: config, model, table, provenance, rows to do."""
-    import lance
 
     v = cfg.caption.version(name)
     where = f"caption.versions.{v.name}"
-    path = cfg.storage.lance_table(CURATED_TABLE)
-    try:
-        ds = lance.dataset(path)
-    except (ValueError, OSError) as exc:
-        raise FileNotFoundError(
-            f"no curated table at {path}: run `lakeshard curate` first"
-        ) from exc
+    path = tables.layout(cfg).curated
+    ds = tables.open_curated(cfg)
     spec = caption_spec(cfg, v)
     cols = caption_columns(v.name)
     status, model_col, sha_col, params_col = (
@@ -149,8 +112,8 @@ def plan_caption(cfg: Config, name: str | None = None, *, force: bool = False) -
         made = ds.to_table(
             columns=[model_col, sha_col, params_col], filter=f"{_q(status)} = 'ok'"
         ).group_by([model_col, sha_col, params_col]).aggregate([]).to_pylist()
-        current = {model_col: v.model, sha_col: spec.prompt_sha256,
-                   params_col: spec.params_json()}
+        current = {model_col: v.model, sha_col: v.prompt_sha256,
+                   params_col: v.params_json()}
         other = [m for m in made if m != current]
         if other:
             raise ConfigError(
@@ -232,7 +195,7 @@ def caption(
     types = caption_columns(v.name)
     values = [
         c.caption, c.status, c.error, c.flags, c.tokens, F.lit(v.model),
-        F.lit(spec.prompt_sha256), F.lit(spec.params_json()), F.lit(now),
+        F.lit(v.prompt_sha256), F.lit(v.params_json()), F.lit(now),
     ]
     out = (
         rows.select("sample_id", FRAGMENT_ID, udf(F.col("image")).alias("_c"))
@@ -310,12 +273,42 @@ def format_caption(r: CaptionResult) -> str:
 
 def write_caption_report(cfg: Config, r: CaptionResult) -> str | None:
     """``<root>/reports/caption-<version>-<time>/summary.json`` (local roots only)."""
-    if "://" in cfg.storage.reports_dir:
+    if cfg.storage.is_remote:
         return None
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = os.path.join(cfg.storage.reports_dir, f"caption-{r.version}-{stamp}")
+    out_dir = tables.layout(cfg).report_dir(f"caption-{r.version}-{stamp}")
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "summary.json")
     with open(path, "w", encoding="utf-8") as f:
         json.dump(asdict(r), f, indent=2)
     return path
+
+
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+    """A caption version (the default one, or the command's) for rows lacking it."""
+    if not cfg.caption.versions:
+        return StageResult(note="no caption versions configured")
+    name = ctx.option("caption", "version")
+    force = ctx.option("caption", "force", False)
+    limit = ctx.option("caption", "limit")
+    res = caption(spark, cfg, name, force=force, limit=limit)
+    if res.todo == 0:
+        return StageResult(note="up to date", inputs={"rows": res.table_rows}, detail=res)
+    return StageResult(
+        inputs={"rows": res.table_rows, "todo": res.todo},
+        outputs={f"status:{k}": v for k, v in res.statuses.items()},
+        table_versions={"lance:curated": res.version_after}, detail=res,
+        note=f"{res.column}: untrained smoke-test model" if res.smoke_test_model else None,
+    )
+
+
+def check(cfg: Config, ctx: RunContext) -> None:
+    """Before Spark: the version and its model (built if it is the smoke-test model);
+    for `lakeshard caption`, also the table and the rows to do."""
+    if not cfg.caption.versions:
+        return
+    name = ctx.option("caption", "version")
+    if ctx.option("caption", "command", False):
+        plan_caption(cfg, name, force=ctx.option("caption", "force", False))
+    else:
+        caption_spec(cfg, cfg.caption.version(name))

@@ -1,9 +1,9 @@
 """Dedup job: the curated table's cheap columns -> Delta `dedup` (MERGE), per-source
-stats, and the analyst views `dedup`, `dup_clusters` and `curated` (joined).
+stats. (The analyst views over the result are in :mod:`etl.lakehouse.views`.)
 
 The curated Lance table holds image bytes and is never rewritten here: assignments live
-in a Delta table keyed by ``sample_id`` (see README, "Deduplication"). A run reads
-``sample_id, source, image_sha256, phash, width, height, original_*, ingested_at`` at
+in a Delta table keyed by ``sample_id`` (docs/dedup.md). A run reads
+``sample_id, source, image_sha256, dhash, width, height, original_*, ingested_at`` at
 the table's current version and the previous assignments, plans with
 :func:`etl.transforms.dedup.plan_dedup`, and MERGEs only the rows whose assignment
 changed (and deletes the rows the curated table no longer has).
@@ -11,34 +11,22 @@ changed (and deletes the rows the curated table no longer has).
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from etl import tables
 from etl.config import Config
+from etl.runtime.stage import RunContext, StageResult
 from etl.schema import DEDUP_SCHEMA
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
-from etl.writers.lance import table_version
 
-__all__ = [
-    "DEDUP_TABLE",
-    "SourceDedup",
-    "DedupResult",
-    "dedup",
-    "format_dedup",
-    "dedup_state",
-    "non_canonical_ids",
-    "register_dedup_views",
-]
+__all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "check"]
 
 log = logging.getLogger(__name__)
 
-DEDUP_TABLE = "dedup"
-_PARAMS = "lakeshard.dedup.params"
-_CURATED_VERSION = "lakeshard.dedup.curatedVersion"
 
 
 @dataclass(frozen=True)
@@ -73,51 +61,29 @@ class DedupResult:
     counts: tuple[SourceDedup, ...] = field(default_factory=tuple)
 
 
-def _params(cfg: Config) -> str:
-    d = cfg.dedup
-    return json.dumps({"threshold": d.threshold, "bands": d.bands}, sort_keys=True)
-
-
-def dedup_state(spark: SparkSession, path: str) -> dict[str, str] | None:
-    """The dedup table's lakeshard properties, or None when there is no table."""
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    props = DeltaTable.forPath(spark, path).detail().select("properties").first()[0] or {}
-    return {k: v for k, v in props.items() if k.startswith("lakeshard.")}
-
-
 def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) -> DedupResult:
     """Annotate duplicates of the curated table; incremental unless `full` or the
     threshold/bands changed since the last run."""
-    import lance
     from delta.tables import DeltaTable
 
-    from etl.jobs.curate import CURATED_TABLE
-
     sc = spark.sparkContext
-    curated_path = cfg.storage.lance_table(CURATED_TABLE)
-    path = cfg.storage.delta_table(DEDUP_TABLE)
-    try:
-        version = lance.dataset(curated_path).version
-    except (ValueError, OSError) as exc:
-        raise FileNotFoundError(
-            f"no curated table at {curated_path}: run `lakeshard curate` first"
-        ) from exc
+    paths = tables.layout(cfg)
+    curated_path, path = paths.curated, paths.dedup
+    version = tables.open_curated(cfg).version
     current = (
         spark.read.format("lance")
         .option("version", str(version))
         .option("columns", ",".join(ROW_COLUMNS))
         .load(curated_path)
     )
-    state = dedup_state(spark, path)
+    state = tables.dedup_state(spark, cfg)
+    params = tables.dedup_params(cfg)
     prior = None
     if state is not None:
         prior = spark.read.format("delta").load(path).select(*ASSIGNMENT_COLUMNS)
-        if state.get(_PARAMS) != _params(cfg):
+        if state.get(tables.DEDUP_PARAMS) != params:
             log.info("dedup: threshold/bands changed (%s -> %s): full run",
-                     state.get(_PARAMS), _params(cfg))
+                     state.get(tables.DEDUP_PARAMS), params)
             full = True
     else:
         DeltaTable.createIfNotExists(spark).location(path).addColumns(DEDUP_SCHEMA).execute()
@@ -142,7 +108,7 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
             .whenNotMatchedInsert(condition="s._op = 'upsert'", values=cols)
             .execute()
         )
-    props = {_PARAMS: _params(cfg), _CURATED_VERSION: str(version)}
+    props = {tables.DEDUP_PARAMS: params, tables.DEDUP_CURATED_VERSION: str(version)}
     if state is None or any(state.get(k) != v for k, v in props.items()):
         settings = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
@@ -152,7 +118,7 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
     counts = _counts(table, [s.name for s in cfg.sources])
     clusters = table.where("cluster_size > 1").select("dup_cluster_id").distinct().count()
     sc.setJobDescription(None)
-    delta_version = DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
+    delta_version = tables.delta_version(spark, path)
     return DedupResult(
         path, delta_version, mode, version, plan.new_rows, plan.pairs, plan.rounds,
         changed, removed, clusters, counts,
@@ -197,56 +163,25 @@ def format_dedup(res: DedupResult) -> str:
     return "\n".join(lines)
 
 
-def non_canonical_ids(spark: SparkSession, cfg: Config, curated_version: int) -> DataFrame | None:
-    """``sample_id`` of the rows exports leave out, or None when dedup never ran."""
-    path = cfg.storage.delta_table(DEDUP_TABLE)
-    state = dedup_state(spark, path)
-    if state is None:
-        log.warning("no dedup table at %s: exporting without dedup", path)
-        return None
-    if state.get(_CURATED_VERSION) != str(curated_version):
-        log.warning(
-            "dedup covers curated version %s, the table is at %s: rows added since are "
-            "exported unchecked (run `lakeshard dedup`)",
-            state.get(_CURATED_VERSION), curated_version,
-        )
-    return spark.read.format("delta").load(path).where("NOT is_canonical").select("sample_id")
-
-
-def register_dedup_views(spark: SparkSession, cfg: Config) -> list[str]:
-    """Temp views `dedup` (one row per sample), `dup_clusters` (one row per cluster of
-    2+: size, canonical member, members, sources, kinds) and `curated` with
-    dup_cluster_id, is_canonical, dup_kind, cluster_size joined in. No-op without a
-    dedup table."""
-    from etl.jobs.curate import CURATED_TABLE
-
-    path = cfg.storage.delta_table(DEDUP_TABLE)
-    if dedup_state(spark, path) is None:
-        return []
-    table = spark.read.format("delta").load(path)
-    table.createOrReplaceTempView("dedup")
-    clusters = (
-        table.where("cluster_size > 1")
-        .groupBy("dup_cluster_id")
-        .agg(
-            F.count(F.lit(1)).alias("cluster_size"),
-            F.max(F.when(F.col("is_canonical"), F.col("sample_id"))).alias("canonical_sample_id"),
-            F.max(F.when(F.col("is_canonical"), F.col("source"))).alias("canonical_source"),
-            F.sort_array(F.collect_list("sample_id")).alias("members"),
-            F.sort_array(F.collect_set("source")).alias("sources"),
-            F.sum((F.col("dup_kind") == "exact").cast("int")).alias("exact"),
-            F.sum((F.col("dup_kind") == "near").cast("int")).alias("near"),
-        )
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+    """exact + near duplicates of the curated table -> Delta `dedup` (new rows only)."""
+    if not cfg.dedup.enabled and not ctx.option("dedup", "command"):
+        return StageResult(note="disabled (dedup.enabled: false)")
+    res = dedup(spark, cfg, ctx.run_id, full=ctx.option("dedup", "full", False))
+    outputs = {"changed": res.changed, "removed": res.removed, "clusters": res.clusters,
+               "near_pairs": res.pairs}
+    for c in res.counts:
+        for key, value in vars(c).items():
+            if isinstance(value, int) and key != "source":
+                outputs[f"{key}:{c.source}"] = value
+    return StageResult(
+        inputs={"new_rows": res.new_rows}, outputs=outputs,
+        table_versions={"delta:dedup": res.version},
+        note="up to date" if res.new_rows == 0 and res.changed == 0 else None, detail=res,
     )
-    clusters.createOrReplaceTempView("dup_clusters")
-    names = ["dedup", "dup_clusters"]
-    curated_path = cfg.storage.lance_table(CURATED_TABLE)
-    try:
-        table_version(curated_path)
-    except (ValueError, OSError):  # no curated table: only the dedup views
-        return names
-    curated = spark.read.format("lance").load(curated_path)
-    dup_cols = table.select("sample_id", "dup_cluster_id", "is_canonical", "dup_kind",
-                            "cluster_size")
-    curated.join(dup_cols, "sample_id", "left").createOrReplaceTempView("curated")
-    return [*names, "curated"]
+
+
+def check(cfg: Config, ctx: RunContext) -> None:
+    """Before Spark, for `lakeshard dedup`: there is a curated table to dedup."""
+    if ctx.option("dedup", "command", False):
+        tables.open_curated(cfg)

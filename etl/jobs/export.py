@@ -1,50 +1,35 @@
-"""Export job: the curated Lance table -> an MDS export under <root>/mds/<name>/."""
+"""Export: the curated Lance table (pinned version) -> an MDS export.
+
+Reads the table's small columns with each row's Lance address, chooses the rows and
+columns (:mod:`etl.transforms.export`), and hands them to the partition-wise MDS writer
+(:func:`etl.writers.mds.export_mds`), which takes image bytes and latents from Lance by
+address inside each task and skips the work when an export with the same key exists.
+"""
 
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
-from etl.config import Config, ConfigError, ExportConfig
-from etl.jobs.curate import CURATED_TABLE
+from etl import tables
+from etl.config import Config
+from etl.errors import ConfigError
+from etl.runtime.stage import RunContext, StageResult
+from etl.transforms.export import (
+    export_columns,
+    export_rows,
+    ids_fingerprint,
+    latent_export_columns,
+)
 from etl.writers.lance import ROW_ADDRESS
-from etl.writers.mds import FIXED_COLUMNS, BlobSource, ExportResult, export_mds, mds_encoding
+from etl.writers.mds import BlobSource, ExportResult, export_mds, mds_encoding, read_manifest
 
-__all__ = ["export", "export_columns"]
-
-
-def export_columns(exp: ExportConfig, table_columns: list[str]) -> dict[str, str]:
-    """MDS column -> curated column, checked against the table before any Spark job."""
-    where = f"exports.{exp.name}"
-    mapping = {c: c for c in FIXED_COLUMNS}
-    for out, src in exp.captions.items():
-        if out in mapping:
-            raise ConfigError(f"{where}.captions: {out!r} clashes with the column {out!r}")
-        mapping[out] = src
-    for col in exp.columns:
-        if col in mapping:
-            raise ConfigError(f"{where}.columns: {col!r} is already exported")
-        mapping[col] = col
-    for out, src in mapping.items():
-        if src not in table_columns:
-            raise ConfigError(
-                f"{where}: column {src!r} (for {out!r}) is not in the curated table "
-                f"(its columns: {', '.join(table_columns)})"
-            )
-    return mapping
+__all__ = ["export", "stage"]
 
 
 def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     exp = cfg.export(name)
-    curated_path = cfg.storage.lance_table(CURATED_TABLE)
-    import lance
-
-    try:
-        table = lance.dataset(curated_path)
-    except (ValueError, OSError) as exc:
-        raise FileNotFoundError(
-            f"no curated table at {curated_path}: run `lakeshard curate` first"
-        ) from exc
+    table = tables.open_curated(cfg)
+    curated_path = tables.layout(cfg).curated
     mapping = export_columns(exp, table.schema.names)
     try:
         expected = table.count_rows(filter=exp.where)
@@ -52,8 +37,6 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         raise ConfigError(f"exports.{name}.where: {exp.where!r}: {exc}") from None
     encodings: dict[str, str] = {}
     if exp.latents:  # precomputed text latents (default: none, computed online)
-        from etl.jobs.latents import latent_export_columns
-
         extra, encodings, required = latent_export_columns(exp, table.schema)
         for out in extra:
             if out in mapping:
@@ -75,59 +58,46 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     # Latents (fixed-shape ndarray bytes, tens of kB per sample) are taken the same way.
     fetched = {out: src for out, src in mapping.items() if out == "image" or out in encodings}
     small = sorted({src for out, src in mapping.items() if out not in fetched})
-    reader = (
-        spark.read.format("lance")
-        .option("version", str(table.version))
-        .option("columns", ",".join(small))
-        .option("row_address", "true")
-    )
-    if exp.where:
-        reader = reader.option("filter", exp.where)
-    curated = reader.load(curated_path)
-    duplicates = None
-    if not exp.include_duplicates:
-        from etl.jobs.dedup import non_canonical_ids
 
-        duplicates = non_canonical_ids(spark, cfg, table.version)
-    dedup_manifest = {"include_duplicates": exp.include_duplicates}
-    if duplicates is not None:
-        # Non-canonical duplicates stay in the table; the export leaves them out.
-        curated = curated.join(duplicates, "sample_id", "left_anti")
-        ids = (
+    def read(columns: list[str]):
+        reader = (
             spark.read.format("lance")
             .option("version", str(table.version))
-            .option("columns", "sample_id")
+            .option("columns", ",".join(columns))
         )
         if exp.where:
-            ids = ids.option("filter", exp.where)
+            reader = reader.option("filter", exp.where)
+        return reader
+
+    curated = read(small).option("row_address", "true").load(curated_path)
+    duplicates = None
+    if not exp.include_duplicates:
+        duplicates = tables.non_canonical_ids(spark, cfg, table.version)
+    dedup_manifest: dict = {"include_duplicates": exp.include_duplicates}
+    if duplicates is not None:
+        # Non-canonical duplicates stay in the table; the export leaves them out.
         matching = expected
-        expected = ids.load(curated_path).join(duplicates, "sample_id", "left_anti").count()
+        expected = read(["sample_id"]).load(curated_path).join(
+            duplicates, "sample_id", "left_anti"
+        ).count()
         # What was left out, as content (not as a Delta version): an unchanged dedup
         # result keeps the export key, so a rerun stays a no-op.
-        fp = duplicates.select(F.bit_xor(F.xxhash64("sample_id")).alias("h")).first()
         # excluded_duplicates: rows matching `where` left out (verify-export subtracts it).
         dedup_manifest.update(
-            excluded_duplicates=matching - expected, duplicates_fingerprint=fp["h"] or 0
+            excluded_duplicates=matching - expected,
+            duplicates_fingerprint=ids_fingerprint(duplicates),
         )
-    selected = [F.col(ROW_ADDRESS)]
-    for out, src in mapping.items():
-        if out in fetched:
-            continue
-        col = F.col(src)
-        if out in exp.captions:
-            # A sample without this caption trains as unconditional: "", not null.
-            col = F.coalesce(col.cast("string"), F.lit(""))
-        elif src in FIXED_COLUMNS and FIXED_COLUMNS[src] == "int32":
-            col = col.cast("int")
-        selected.append(col.alias(out))
-    rows = curated.select(*selected)
+    rows = export_rows(
+        curated, mapping, captions=set(exp.captions), fetched=set(fetched),
+        duplicates=duplicates, row_address=ROW_ADDRESS,
+    )
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
         if f.name != ROW_ADDRESS and f.name not in encodings:
             mds_encoding(f.dataType, f.name)
 
     result = export_mds(
         rows,
-        cfg.export_path(name),
+        tables.export_path(cfg, name),
         partitions=exp.partitions,
         size_limit=exp.size_limit,
         compression=exp.compression,
@@ -148,3 +118,32 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
             f"matching {exp.where!r}"
         )
     return result
+
+
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+    """curated Lance table -> every (or the chosen) MDS export."""
+    names = ctx.export_names if ctx.export_names is not None else tuple(cfg.exports)
+    results, manifests = [], {}
+    inputs: dict[str, int] = {}
+    outputs: dict[str, int] = {"samples": 0, "shards": 0, "bytes": 0}
+    up_to_date = 0
+    for name in names:
+        res = export(spark, cfg, name)
+        results.append(res)
+        manifest = read_manifest(res.path) or {}
+        up_to_date += res.resumed_partitions == manifest["partitions"]
+        manifests[name] = {
+            "path": res.path, "samples": res.samples, "shards": res.shards,
+            "bytes": res.bytes, "checksum": res.checksum,
+            "table_version": manifest.get("table_version"),
+            "export_key": manifest.get("export_key"),
+            "resumed_partitions": res.resumed_partitions,
+        }
+        inputs[f"rows:{name}"] = res.samples
+        outputs["samples"] += res.samples
+        outputs["shards"] += res.shards
+        outputs["bytes"] += res.bytes
+        outputs[f"samples:{name}"] = res.samples
+    note = "up to date" if names and up_to_date == len(names) else None
+    return StageResult(inputs=inputs, outputs=outputs, manifests=manifests, note=note,
+                       detail=results)

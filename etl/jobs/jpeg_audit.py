@@ -10,10 +10,11 @@ from datetime import UTC, datetime
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from etl import tables
 from etl.config import Config
-from etl.jobs.curate import fetch_images
-from etl.quality import audit_image, summarise
 from etl.sources import adapter_for, finish_ingest
+from etl.transforms.fetch import fetch_images
+from udfs.jpeg_quality import audit_image, summarise
 
 __all__ = ["jpeg_audit", "format_audit"]
 
@@ -31,7 +32,7 @@ def jpeg_audit(
             .where(F.col("read_status") == "ok")
             .orderBy(F.xxhash64("source_key", F.lit(seed)))
             .limit(sample * 3),  # some may not decode; they are skipped, not counted
-            cfg.fetch.options(),
+            cfg.fetch,
         )
         .where(F.col("read_status") == "ok")
         .select("source_key", "image_bytes")
@@ -57,7 +58,7 @@ def jpeg_audit(
     summary = summarise(audits)
 
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out_dir = os.path.join(cfg.storage.reports_dir, f"jpeg-audit-{source}-{stamp}")
+    out_dir = tables.layout(cfg).report_dir(f"jpeg-audit-{source}-{stamp}")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "audit.json"), "w", encoding="utf-8") as f:
         json.dump(

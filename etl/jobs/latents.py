@@ -32,14 +32,15 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from etl.config import Config, ConfigError, ExportConfig, LatentEncoderConfig
-from etl.jobs.curate import CURATED_TABLE
+from etl import tables
+from etl.columns import LATENT_META, latent_columns, table_latents
+from etl.config import Config, LatentEncoderConfig
+from etl.errors import ConfigError
+from etl.runtime.stage import RunContext, StageResult
 from etl.writers.lance import FRAGMENT_ID
 from etl.writers.lance_columns import drop_columns, ensure_columns, write_columns
 from udfs.latents import (
-    MDS_DTYPE,
     STORAGE_BYTES,
-    EncoderSpec,
     latents_mapper,
     model_hidden_size,
     output_columns,
@@ -47,63 +48,19 @@ from udfs.latents import (
 )
 
 __all__ = [
-    "LATENT_META",
-    "LatentColumns",
     "CaptionLatents",
     "LatentsResult",
-    "latent_columns",
-    "encoder_spec",
-    "table_latents",
     "compute_latents",
     "drop_latents",
-    "latent_export_columns",
     "format_latents",
+    "stage",
+    "check",
 ]
 
 log = logging.getLogger(__name__)
 
-LATENT_META = "lakeshard.latent"
 # The settings that determine the stored values; a mismatch means "recompute".
 _SPEC_KEYS = ("path", "max_tokens", "hidden_size", "dtype", "padding", "compute_dtype")
-
-
-@dataclass(frozen=True)
-class LatentColumns:
-    latent: str
-    mask: str
-    tokens: str
-    error: str
-
-    def all(self) -> tuple[str, str, str, str]:
-        return (self.latent, self.mask, self.tokens, self.error)
-
-
-def latent_columns(caption: str, encoder: str) -> LatentColumns:
-    """The curated table's column names for (caption column, encoder)."""
-    return LatentColumns(
-        latent=f"latent_{caption}_{encoder}",
-        mask=f"attention_mask_{caption}_{encoder}",
-        tokens=f"latent_tokens_{caption}_{encoder}",
-        error=f"latent_error_{caption}_{encoder}",
-    )
-
-
-def encoder_spec(enc: LatentEncoderConfig) -> EncoderSpec:
-    return EncoderSpec(
-        name=enc.name, path=enc.path, max_tokens=enc.max_tokens, dtype=enc.dtype,
-        compute_dtype=enc.compute_dtype, batch_size=enc.batch_size, device=enc.device,
-        padding=enc.padding,
-    )
-
-
-def table_latents(schema: pa.Schema) -> list[dict]:
-    """Latents present in a table: one dict per latent column, from field metadata."""
-    out = []
-    for f in schema:
-        raw = (f.metadata or {}).get(LATENT_META.encode())
-        if raw:
-            out.append({**json.loads(raw), "column": f.name})
-    return out
 
 
 @dataclass(frozen=True)
@@ -132,17 +89,6 @@ class LatentsResult:
     def raw_bytes_per_caption(self) -> int:
         """Latent + mask bytes per caption, before any compression."""
         return self.max_tokens * self.hidden_size * STORAGE_BYTES[self.dtype] + self.max_tokens
-
-
-def _open_table(path: str):
-    import lance
-
-    try:
-        return lance.dataset(path)
-    except (ValueError, OSError) as exc:
-        raise FileNotFoundError(
-            f"no curated table at {path}: run `lakeshard curate` first"
-        ) from exc
 
 
 def _check(cfg: Config, name: str, schema: pa.Schema) -> tuple[LatentEncoderConfig, int]:
@@ -198,8 +144,8 @@ def drop_latents(cfg: Config, name: str) -> tuple[int, list[str]]:
     """Drop every latent column of encoder `name` (all captions); metadata only.
 
     Returns the new table version and the dropped columns."""
-    path = cfg.storage.lance_table(CURATED_TABLE)
-    table = _open_table(path)
+    path = tables.layout(cfg).curated
+    table = tables.open_curated(cfg)
     columns = [
         c for m in table_latents(table.schema) if m["encoder"] == name
         for c in latent_columns(m["caption"], name).all() if c in table.schema.names
@@ -232,8 +178,8 @@ def compute_latents(
     import lance
     from pyspark.sql.pandas.types import from_arrow_schema
 
-    path = cfg.storage.lance_table(CURATED_TABLE)
-    table = _open_table(path)
+    path = tables.layout(cfg).curated
+    table = tables.open_curated(cfg)
     enc, hidden = _check(cfg, name, table.schema)
     captions = list(cfg.latents.captions)
     existing = {m["caption"]: m for m in table_latents(table.schema) if m["encoder"] == name}
@@ -265,9 +211,7 @@ def compute_latents(
         [pa.field("sample_id", pa.string()), pa.field(FRAGMENT_ID, pa.int32())]
         + [pa.field(n, t) for n, t in output_columns(captions, lambda c: latent_columns(c, name))]
     )
-    mapper = latents_mapper(
-        encoder_spec(enc), captions, keys, lambda c: latent_columns(c, name)
-    )
+    mapper = latents_mapper(enc, captions, keys, lambda c: latent_columns(c, name))
     encoded = rows.mapInArrow(mapper, from_arrow_schema(out_schema))
     sc = spark.sparkContext
     sc.setJobDescription(f"lakeshard latents: encode captions with {name}")
@@ -291,34 +235,6 @@ def compute_latents(
     )
 
 
-def latent_export_columns(
-    exp: ExportConfig, schema: pa.Schema
-) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """For an export with ``latents``: (MDS column -> curated column, MDS column ->
-    ``ndarray`` encoding, curated latent columns that must be non-null)."""
-    present = {(m["encoder"], m["caption"]): m for m in table_latents(schema)}
-    mapping: dict[str, str] = {}
-    encodings: dict[str, str] = {}
-    required: list[str] = []
-    for enc in exp.latents:
-        for key, caption in exp.captions.items():
-            m = present.get((enc, caption))
-            if m is None:
-                raise ConfigError(
-                    f"exports.{exp.name}.latents: the curated table has no latents of "
-                    f"encoder {enc!r} for {caption!r} (caption {key!r}): run "
-                    f"`lakeshard latents --encoder {enc}` with {caption!r} in latents.captions"
-                )
-            names = latent_columns(caption, enc)
-            t, h = m["max_tokens"], m["hidden_size"]
-            mapping[f"latent_{key}_{enc}"] = names.latent
-            encodings[f"latent_{key}_{enc}"] = f"ndarray:{MDS_DTYPE[m['dtype']]}:{t},{h}"
-            mapping[f"attention_mask_{key}_{enc}"] = names.mask
-            encodings[f"attention_mask_{key}_{enc}"] = f"ndarray:uint8:{t}"
-            required.append(names.latent)
-    return mapping, encodings, required
-
-
 def format_latents(res: LatentsResult) -> str:
     lines = [
         f"latents {res.encoder}: [{res.max_tokens}, {res.hidden_size}] {res.dtype} + mask "
@@ -334,3 +250,28 @@ def format_latents(res: LatentsResult) -> str:
         )
     lines += ["", f"curated (Lance) : {res.table}  version {res.version}"]
     return "\n".join(lines)
+
+
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+    """`lakeshard latents --encoder NAME [--recompute | --drop]`."""
+    name = ctx.option("latents", "encoder")
+    if ctx.option("latents", "drop", False):
+        version, columns = drop_latents(cfg, name)
+        return StageResult(outputs={"dropped_columns": len(columns)},
+                           table_versions={"lance:curated": version},
+                           detail=(version, columns))
+    res = compute_latents(spark, cfg, name, recompute=ctx.option("latents", "recompute", False))
+    return StageResult(
+        inputs={"rows": res.captions[0].rows if res.captions else 0},
+        outputs={"encoded": res.computed, "bytes": res.bytes_written},
+        table_versions={"lance:curated": res.version}, detail=res,
+    )
+
+
+def check(cfg: Config, ctx: RunContext) -> None:
+    """Before Spark: the encoder is configured; to compute, the table, its caption
+    columns and the model folder are there."""
+    name = ctx.option("latents", "encoder")
+    cfg.latents.encoder(name)
+    if not ctx.option("latents", "drop", False):
+        _check(cfg, name, tables.open_curated(cfg).schema)

@@ -1,11 +1,17 @@
-"""Spark SQL views for analysts, next to the ones :func:`etl.session.register_lance_views`
-creates (``curated``, every column).
+"""Spark SQL temporary views for analysts (``lakeshard sql``, the notebooks).
 
+:func:`register_views` creates, for every Lance table under ``<root>/lance/<namespace>/``:
+
+* ``<table>`` (``curated`` for ``curated.lance``): every column;
 * ``<table>_meta``: every column except binary ones (image bytes) and vectors -- Spark's
   Python data sources get no column pruning from SQL, so a query over ``curated`` reads
-  the image bytes; over ``curated_meta`` it never does.
+  the image bytes; over ``curated_meta`` it never does;
 * ``<table>_versions``: the table's versions (version, timestamp, rows, fragments,
-  data_bytes), to pick one for time travel.
+  data_bytes), to pick one for time travel;
+
+and, once dedup has run, ``dedup`` (one row per sample), ``dup_clusters`` (one row per
+cluster of 2+: size, canonical member, members, sources, kinds) and ``curated`` with
+``dup_cluster_id, is_canonical, dup_kind, cluster_size`` joined in.
 """
 
 from __future__ import annotations
@@ -14,10 +20,13 @@ from pathlib import Path
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from etl.config import Config, ConfigError
+from etl import tables
+from etl.config import Config
+from etl.errors import ConfigError
 
-__all__ = ["meta_columns", "register_lakehouse_views"]
+__all__ = ["meta_columns", "register_views", "register_dedup_views"]
 
 
 def meta_columns(schema: pa.Schema) -> list[str]:
@@ -26,30 +35,67 @@ def meta_columns(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if not any(is_(f.type) for is_ in heavy)]
 
 
-def register_lakehouse_views(spark: SparkSession, cfg: Config) -> list[str]:
-    """Create ``<table>_meta`` and ``<table>_versions`` temp views per Lance table."""
+def _lance_tables(cfg: Config) -> list[tuple[str, str]]:
+    lance_dir = tables.layout(cfg).lance_dir
+    if "://" in lance_dir:
+        raise ConfigError("the SQL views list local folders only; use format('lance')")
+    return [(p.name[: -len(".lance")], str(p)) for p in sorted(Path(lance_dir).glob("*.lance"))]
+
+
+def register_views(spark: SparkSession, cfg: Config) -> list[str]:
+    """Create every view; returns their names."""
     import lance
 
     from etl.lakehouse.maintenance import table_versions
 
-    lance_dir = cfg.storage.lance_dir
-    if "://" in lance_dir:
-        raise ConfigError("register_lakehouse_views lists local folders only")
     names = []
-    for table in sorted(Path(lance_dir).glob("*.lance")):
-        name = table.name[: -len(".lance")]
-        cols = meta_columns(lance.dataset(str(table)).schema)
+    for name, path in _lance_tables(cfg):
+        spark.read.format("lance").load(path).createOrReplaceTempView(name)
+        cols = meta_columns(lance.dataset(path).schema)
         (
-            spark.read.format("lance").option("columns", ",".join(cols)).load(str(table))
+            spark.read.format("lance").option("columns", ",".join(cols)).load(path)
             .createOrReplaceTempView(f"{name}_meta")
         )
         versions = [
             (v.version, v.timestamp, v.rows, v.fragments, v.data_bytes)
-            for v in table_versions(str(table))
+            for v in table_versions(path)
         ]
         spark.createDataFrame(
             versions, "version long, timestamp timestamp, rows long, fragments long, "
             "data_bytes long"
         ).createOrReplaceTempView(f"{name}_versions")
-        names += [f"{name}_meta", f"{name}_versions"]
+        names += [name, f"{name}_meta", f"{name}_versions"]
+    names += [n for n in register_dedup_views(spark, cfg) if n not in names]
     return names
+
+
+def register_dedup_views(spark: SparkSession, cfg: Config) -> list[str]:
+    """`dedup`, `dup_clusters` and `curated` with the dedup columns joined in; no-op
+    without a dedup table."""
+    table = tables.read_delta(spark, tables.layout(cfg).dedup)
+    if table is None:
+        return []
+    table.createOrReplaceTempView("dedup")
+    clusters = (
+        table.where("cluster_size > 1")
+        .groupBy("dup_cluster_id")
+        .agg(
+            F.count(F.lit(1)).alias("cluster_size"),
+            F.max(F.when(F.col("is_canonical"), F.col("sample_id"))).alias("canonical_sample_id"),
+            F.max(F.when(F.col("is_canonical"), F.col("source"))).alias("canonical_source"),
+            F.sort_array(F.collect_list("sample_id")).alias("members"),
+            F.sort_array(F.collect_set("source")).alias("sources"),
+            F.sum((F.col("dup_kind") == "exact").cast("int")).alias("exact"),
+            F.sum((F.col("dup_kind") == "near").cast("int")).alias("near"),
+        )
+    )
+    clusters.createOrReplaceTempView("dup_clusters")
+    names = ["dedup", "dup_clusters"]
+    curated_path = tables.layout(cfg).curated
+    if not tables.lance_exists(curated_path):
+        return names
+    curated = spark.read.format("lance").load(curated_path)
+    dup_cols = table.select("sample_id", "dup_cluster_id", "is_canonical", "dup_kind",
+                            "cluster_size")
+    curated.join(dup_cols, "sample_id", "left").createOrReplaceTempView("curated")
+    return [*names, "curated"]

@@ -10,9 +10,9 @@ exist).
 from __future__ import annotations
 
 from etl.sources.base import SourceAdapter, finish_ingest
+from etl.sources.file_table import TableSource
 from etl.sources.image_folder import ImageFolderSource
-from etl.sources.table import TableSource
-from etl.sources.tables import DeltaSource, LanceSource
+from etl.sources.lake_table import DeltaSource, LanceSource
 from etl.sources.webdataset import WebDatasetSource
 
 __all__ = ["SOURCE_KINDS", "SourceAdapter", "finish_ingest", "adapter_for"]

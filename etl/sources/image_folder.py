@@ -96,9 +96,10 @@ class ImageFolderSource(SourceAdapter):
 
 def _sidecar_udf(mapping: dict[str, str]):
     def parse(txt_uri, json_uri):
-        from udfs.fetch import FetchOptions, fetch_ref
+        from etl.config import FetchConfig
+        from udfs.fetch import fetch_ref
 
-        opts = FetchOptions(max_bytes=_SIDECAR_CAP)
+        opts = FetchConfig(max_bytes=_SIDECAR_CAP)
         record: dict = {}
         bad = None
         if json_uri:

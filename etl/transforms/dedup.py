@@ -49,12 +49,12 @@ log = logging.getLogger(__name__)
 
 # The curated columns dedup reads (no image bytes).
 ROW_COLUMNS = (
-    "sample_id", "source", "image_sha256", "phash", "width", "height",
+    "sample_id", "source", "image_sha256", "dhash", "width", "height",
     "original_width", "original_height", "ingested_at",
 )
 # What dedup records per row (etl.schema.DEDUP_SCHEMA, in order).
 ASSIGNMENT_COLUMNS = (
-    "sample_id", "source", "image_sha256", "phash", "dup_cluster_id", "is_canonical",
+    "sample_id", "source", "image_sha256", "dhash", "dup_cluster_id", "is_canonical",
     "dup_kind", "cluster_size", "run_id",
 )
 
@@ -64,7 +64,7 @@ def _signed(value: int) -> int:
 
 
 def lsh_masks(threshold: int, bands: int) -> list[int]:
-    """One 64-bit mask (signed, like ``phash``) per combination of ``bands - threshold``
+    """One 64-bit mask (signed, like ``dhash``) per combination of ``bands - threshold``
     of the ``bands`` contiguous blocks of the hash."""
     if not 0 <= threshold < bands <= 64:
         raise ValueError(f"need 0 <= threshold < bands <= 64, got {threshold}, {bands}")
@@ -82,16 +82,16 @@ def lsh_masks(threshold: int, bands: int) -> list[int]:
 def hash_pairs(hashes: DataFrame, threshold: int, bands: int, *, all_new: bool) -> DataFrame:
     """Verified near pairs among distinct hashes.
 
-    `hashes` has one row per distinct ``phash`` and a boolean ``is_new``. Returns
+    `hashes` has one row per distinct ``dhash`` and a boolean ``is_new``. Returns
     ``(a, b, distance)`` with ``a < b``, ``0 < distance <= threshold`` and at least one
     of them new. `all_new` (a first or full run) skips restricting buckets to new keys.
     """
     masks = lsh_masks(threshold, bands)
     keyed = hashes.select(
-        "phash",
+        "dhash",
         "is_new",
         F.posexplode(
-            F.array(*[F.col("phash").bitwiseAND(F.lit(m).cast("long")) for m in masks])
+            F.array(*[F.col("dhash").bitwiseAND(F.lit(m).cast("long")) for m in masks])
         ).alias("key_id", "key"),
     )
     if not all_new:
@@ -99,7 +99,7 @@ def hash_pairs(hashes: DataFrame, threshold: int, bands: int, *, all_new: bool) 
         keyed = keyed.join(new_keys, ["key_id", "key"], "left_semi")
     buckets = (
         keyed.groupBy("key_id", "key")
-        .agg(F.array_sort(F.collect_list(F.struct("phash", "is_new"))).alias("m"))
+        .agg(F.array_sort(F.collect_list(F.struct("dhash", "is_new"))).alias("m"))
         .where(F.size("m") > 1)
     )
     # Every pair (m[i], m[j]), i < j, of a bucket sorted by hash.
@@ -112,12 +112,12 @@ def hash_pairs(hashes: DataFrame, threshold: int, bands: int, *, all_new: bool) 
             )
         ).alias("p")
     )
-    distance = F.bit_count(F.col("p.x.phash").bitwiseXOR(F.col("p.y.phash")))
+    distance = F.bit_count(F.col("p.x.dhash").bitwiseXOR(F.col("p.y.dhash")))
     return (
         pairs.where(F.col("p.x.is_new") | F.col("p.y.is_new"))
         .select(
-            F.col("p.x.phash").alias("a"),
-            F.col("p.y.phash").alias("b"),
+            F.col("p.x.dhash").alias("a"),
+            F.col("p.y.dhash").alias("b"),
             distance.cast("int").alias("distance"),
         )
         .where(F.col("distance") <= threshold)
@@ -237,10 +237,10 @@ def plan_dedup(
         p = prior.select(
             "sample_id",
             F.col("image_sha256").alias("_p_sha"),
-            F.col("phash").alias("_p_phash"),
+            F.col("dhash").alias("_p_dhash"),
             F.col("dup_cluster_id").alias("_p_cid"),
         )
-        same = (F.col("_p_sha") == F.col("image_sha256")) & (F.col("_p_phash") == F.col("phash"))
+        same = (F.col("_p_sha") == F.col("image_sha256")) & (F.col("_p_dhash") == F.col("dhash"))
         rows = (
             cur.join(p, "sample_id", "left")
             .withColumn("_new", ~F.coalesce(same, F.lit(False)))
@@ -250,11 +250,11 @@ def plan_dedup(
     rows = rows.localCheckpoint(eager=True)
     new_rows = rows.where("_new").count()
 
-    hashes = rows.groupBy("phash").agg(
+    hashes = rows.groupBy("dhash").agg(
         F.count(F.lit(1)).alias("n"), F.max("_new").alias("is_new")
     ).persist(StorageLevel.MEMORY_AND_DISK)
     pairs = hash_pairs(
-        hashes.select("phash", "is_new"), cfg.threshold, cfg.bands,
+        hashes.select("dhash", "is_new"), cfg.threshold, cfg.bands,
         all_new=prior is None or full,
     ).localCheckpoint(eager=True)
     n_pairs = pairs.count()
@@ -262,16 +262,16 @@ def plan_dedup(
     # Hashes that put a row into the graph: one side of a verified pair, or a new row's
     # hash that other rows share (distance 0). Everything else is untouched.
     relevant = (
-        pairs.select(F.col("a").alias("phash"))
-        .union(pairs.select(F.col("b").alias("phash")))
-        .union(hashes.where("is_new AND n > 1").select("phash"))
+        pairs.select(F.col("a").alias("dhash"))
+        .union(pairs.select(F.col("b").alias("dhash")))
+        .union(hashes.where("is_new AND n > 1").select("dhash"))
         .distinct()
     )
     hashes.unpersist()
     row_node = F.when(F.col("_new"), _node("s:", "sample_id")).otherwise(_node("c:", "_old_cid"))
     edges = (
-        rows.join(relevant, "phash", "left_semi")
-        .select(row_node.alias("src"), _node("h:", "phash").alias("dst"))
+        rows.join(relevant, "dhash", "left_semi")
+        .select(row_node.alias("src"), _node("h:", "dhash").alias("dst"))
         .union(pairs.select(_node("h:", "a").alias("src"), _node("h:", "b").alias("dst")))
         .distinct()
     )
@@ -360,7 +360,7 @@ def plan_dedup(
         "sample_id",
         "source",
         "image_sha256",
-        "phash",
+        "dhash",
         "dup_cluster_id",
         (F.col("_rank") == 1).alias("is_canonical"),
         F.when(F.col("cluster_size") == 1, "unique")
@@ -372,7 +372,7 @@ def plan_dedup(
         F.lit(run_id).alias("run_id"),
     )
     if prior is not None:
-        compare = ("image_sha256", "phash", "dup_cluster_id", "is_canonical", "dup_kind",
+        compare = ("image_sha256", "dhash", "dup_cluster_id", "is_canonical", "dup_kind",
                    "cluster_size")
         old = prior.select("sample_id", *[F.col(c).alias(f"_p_{c}") for c in compare])
         differs = F.lit(False)

@@ -5,13 +5,14 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
+from etl.config import PrepareConfig
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
-from udfs.images import PREPARED_TYPE, PrepareOptions, prepare_udf
+from udfs.images import PREPARED_TYPE, prepare_udf
 
 __all__ = ["prepare_images", "accepted_rows", "rejected_rows", "outcome_counts"]
 
 
-def prepare_images(ingested: DataFrame, opts: PrepareOptions) -> DataFrame:
+def prepare_images(ingested: DataFrame, opts: PrepareConfig) -> DataFrame:
     """Run the image UDF over rows that were read; keep every row.
 
     The result has the ingest columns, a `prepared` struct (null where the read
@@ -38,7 +39,7 @@ def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column) -> D
     columns = {c: F.col(c) for c in prepared.columns}
     columns.update({f: p[f] for f in PREPARED_TYPE.fieldNames()})
     columns.update(
-        image_bytes=F.length(p.image).cast("long"),  # the stored JPEG's size
+        image_size_bytes=F.length(p.image).cast("long"),  # the stored JPEG's size
         run_id=F.lit(run_id),
         ingested_at=ingested_at,
     )

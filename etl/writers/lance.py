@@ -51,7 +51,7 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-__all__ = ["LanceDataSource", "table_version", "FRAGMENT_ID", "ROW_ADDRESS"]
+__all__ = ["LanceDataSource", "table_version", "delete_rows", "FRAGMENT_ID", "ROW_ADDRESS"]
 
 # Read option ``fragment_id``: adds this int column (the Lance fragment each row lives in),
 # which :func:`etl.writers.lance_columns.write_columns` uses to route values home.
@@ -277,3 +277,13 @@ def _append_schema(path: str, given: pa.Schema) -> pa.Schema:
             "(etl.writers.lance_columns.write_columns) or overwrite the table"
         )
     return pa.schema([table.field(n) for n in given.names])
+
+
+def delete_rows(path: str, sample_ids: list[str], *, chunk: int = 1000) -> int:
+    """Delete the rows of `sample_ids` from the Lance table at `path` (deletion files,
+    no data rewrite); one table version per `chunk` ids. Returns how many were given."""
+    ds = _dataset(path)
+    for i in range(0, len(sample_ids), chunk):
+        quoted = ", ".join("'" + s.replace("'", "''") + "'" for s in sample_ids[i:i + chunk])
+        ds.delete(f"sample_id IN ({quoted})")
+    return len(sample_ids)

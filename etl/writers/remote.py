@@ -14,26 +14,14 @@ import os
 from typing import Any
 from urllib.parse import urlparse
 
-__all__ = ["is_remote", "check_remote", "S3Store"]
+__all__ = ["REMOTE_SCHEMES", "is_remote", "S3Store"]
 
+# Object stores an export can be written to (checked by etl.pipeline.preflight).
 REMOTE_SCHEMES = ("s3",)
 
 
 def is_remote(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
-
-
-def check_remote(path: str, where: str) -> None:
-    """A clear message for object stores lakeshard can't write (before any Spark job)."""
-    from etl.config import ConfigError
-
-    scheme = urlparse(path).scheme
-    if scheme not in REMOTE_SCHEMES:
-        raise ConfigError(
-            f"{where}: {scheme}:// output is not supported; use s3:// (for Google Cloud "
-            "Storage, its S3-interoperable endpoint: S3_ENDPOINT_URL="
-            "https://storage.googleapis.com with HMAC keys) or a local/mounted path"
-        )
 
 
 class S3Store:

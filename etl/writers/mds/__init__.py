@@ -39,7 +39,7 @@ from pyspark.sql import functions as F
 from etl.config import BucketSpec
 from etl.writers.mds.buckets import bucket_name, bucket_set, spec_settings
 from etl.writers.mds.checksum import PART_META, combine_digests, part_checksum
-from etl.writers.mds.codec import FIXED_COLUMNS, encode_batch, mds_encoding
+from etl.writers.mds.codec import encode_batch, mds_encoding
 from etl.writers.mds.commit import (
     ExportResult,
     export_key,
@@ -51,16 +51,22 @@ from etl.writers.mds.task import RESULT_DDL, TAKE_ROWS, BlobSource, partition_wr
 __all__ = [
     "BlobSource",
     "encode_batch",
-    "FIXED_COLUMNS",
     "ExportResult",
     "mds_encoding",
     "export_key",
     "export_mds",
+    "read_manifest",
     "merge_partition_indexes",
     "part_checksum",
     "PART_META",
     "combine_digests",
 ]
+
+
+def read_manifest(out_dir: str) -> dict | None:
+    """The manifest of the export at `out_dir` (local or ``s3://``), None if there is
+    no whole export there."""
+    return open_commit(out_dir, key="").read_manifest()
 
 
 def export_mds(
@@ -120,6 +126,7 @@ def export_mds(
     commit = open_commit(out_dir, key)
     current = commit.read_manifest()
     if current is not None and current.get("export_key") == key:  # already exported
+        commit.drop_leftovers()
         return ExportResult.from_manifest(out_dir, current, resumed=partitions)
     commit.prepare()
 

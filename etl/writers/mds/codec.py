@@ -15,18 +15,7 @@ from collections.abc import Mapping
 import pyarrow as pa
 from pyspark.sql import types as T
 
-__all__ = ["FIXED_COLUMNS", "mds_encoding", "encode_batch"]
-
-# Columns every export has; `image` holds the stored JPEG bytes unchanged.
-FIXED_COLUMNS: dict[str, str] = {
-    "image": "jpeg",
-    "sample_id": "str",
-    "source": "str",
-    "width": "int32",
-    "height": "int32",
-    "original_width": "int32",
-    "original_height": "int32",
-}
+__all__ = ["mds_encoding", "encode_batch"]
 
 _ENCODINGS = {
     T.StringType: "str",

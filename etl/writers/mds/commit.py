@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from etl.faults import fault_point
+from etl.runtime.faults import fault_point
 from etl.writers.mds.task import state_prefix
 from etl.writers.remote import S3Store, is_remote
 
@@ -140,6 +140,10 @@ class ExportCommit(ABC):
         self.out_dir = out_dir
         self.key = key
 
+    def drop_leftovers(self) -> None:  # noqa: B027 -- a hook: most commits leave nothing
+        """Remove what interrupted exports of other settings left (default: nothing;
+        an object-store commit deletes stale objects as it commits)."""
+
     @abstractmethod
     def read_manifest(self) -> dict | None:
         """The manifest of the export now at `out_dir`, if there is a readable one."""
@@ -166,6 +170,14 @@ class LocalCommit(ExportCommit):
         self.name = out_dir.rstrip("/").rsplit("/", 1)[-1]
         self.parent = os.path.dirname(os.path.abspath(out_dir))
         self.staging = os.path.join(self.parent, f".{self.name}.staging-{key}")
+
+    def drop_leftovers(self) -> None:
+        """Remove staging folders an interrupted export of other settings or another
+        table version left beside this one (the run lock guarantees no other export is
+        writing)."""
+        for entry in os.listdir(self.parent) if os.path.isdir(self.parent) else ():
+            if entry.startswith((f".{self.name}.staging-", f".{self.name}.old-")):
+                shutil.rmtree(os.path.join(self.parent, entry), ignore_errors=True)
 
     def read_manifest(self) -> dict | None:
         try:
@@ -195,6 +207,7 @@ class LocalCommit(ExportCommit):
             json.dump(manifest, f, indent=2, sort_keys=True)
         fault_point("export:staged")
         self._swap()
+        self.drop_leftovers()
         return manifest
 
     def _merge_bucket_indexes(self, parts: list[str]) -> dict[str, dict]:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from etl.config import BucketSpec
-from etl.faults import fault_point
+from etl.runtime.faults import fault_point
 from etl.writers.mds.buckets import BucketRouter
 from etl.writers.mds.checksum import PART_META
 

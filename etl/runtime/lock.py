@@ -18,11 +18,9 @@ import time
 import uuid
 from dataclasses import dataclass
 
+from etl.errors import RunLockedError
+
 __all__ = ["RunLockedError", "LockInfo", "RunLock"]
-
-
-class RunLockedError(RuntimeError):
-    """Another run holds the lock of this storage root."""
 
 
 @dataclass(frozen=True)

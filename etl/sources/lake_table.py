@@ -13,13 +13,13 @@ from pyspark.sql import DataFrame, SparkSession
 
 from etl.config import ConfigError, SourceConfig
 from etl.sources.base import SourceAdapter, is_local_path, local_path, require_exists
-from etl.sources.records import RAW_ARROW_SCHEMA, RAW_SCHEMA
-from etl.sources.table import (
+from etl.sources.file_table import (
     TABLE_MAPPABLE,
     check_mapped_columns,
     map_table_rows,
     validate_table_mapping,
 )
+from etl.sources.records import RAW_ARROW_SCHEMA, RAW_SCHEMA
 
 __all__ = ["DeltaSource", "LanceSource", "delta_columns"]
 

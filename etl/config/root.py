@@ -1,0 +1,90 @@
+"""The whole configuration and the checks that span sections."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from etl.config.base import FieldError, Section, keyed
+from etl.config.curation import DedupConfig, ExportConfig, LakehouseConfig
+from etl.config.images import FetchConfig, PrepareConfig
+from etl.config.inference import CaptionConfig, LatentsConfig
+from etl.config.runtime import RunConfig, SourceConfig, SparkConfig, StorageConfig
+from etl.errors import ConfigError
+
+__all__ = ["Config"]
+
+_SECTIONS_WITH_DEFAULTS = (
+    "spark", "prepare", "exports", "caption", "latents", "lakehouse", "dedup", "run", "fetch",
+)
+
+
+class Config(Section):
+    storage: StorageConfig
+    sources: Annotated[tuple[SourceConfig, ...], Field(strict=False, min_length=1)]
+    spark: SparkConfig = Field(default_factory=SparkConfig)
+    prepare: PrepareConfig = Field(default_factory=PrepareConfig)
+    exports: Annotated[dict[str, ExportConfig], BeforeValidator(keyed)] = Field(
+        default_factory=dict
+    )
+    caption: CaptionConfig = Field(default_factory=CaptionConfig)
+    latents: LatentsConfig = Field(default_factory=LatentsConfig)
+    lakehouse: LakehouseConfig = Field(default_factory=LakehouseConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+    fetch: FetchConfig = Field(default_factory=FetchConfig)
+
+    @field_validator(*_SECTIONS_WITH_DEFAULTS, mode="before")
+    @classmethod
+    def _empty_section_is_default(cls, value, info):
+        # `caption:` with nothing under it in YAML is null: the section's defaults.
+        if value is None:
+            return cls.model_fields[info.field_name].get_default(call_default_factory=True)
+        return value
+
+    @model_validator(mode="after")
+    def _across_sections(self) -> Config:
+        seen: set[str] = set()
+        for i, src in enumerate(self.sources):
+            if src.name in seen:
+                raise FieldError(f"sources[{i}].name", f"duplicate source name {src.name!r}")
+            seen.add(src.name)
+        for i, name in enumerate(self.dedup.source_priority):
+            if name not in seen:
+                raise FieldError(
+                    f"dedup.source_priority[{i}]",
+                    f"{name!r} is not a configured source (sources: {', '.join(seen)})",
+                )
+        for exp in self.exports.values():
+            for name in exp.latents:
+                if name not in self.latents.encoders:
+                    known = ", ".join(sorted(self.latents.encoders)) or "none"
+                    raise FieldError(
+                        f"exports.{exp.name}.latents",
+                        f"{name!r} is not an encoder under latents.encoders "
+                        f"(configured: {known})",
+                    )
+        if self.run.lock and self.run.lock_path is None and self.storage.is_remote:
+            raise FieldError(
+                "run.lock_path",
+                "storage.root is an object store, so the run lock needs a POSIX path every "
+                "driver sees (or `run.lock: false` when the scheduler alone prevents "
+                "overlapping runs)",
+            )
+        return self
+
+    def source(self, name: str) -> SourceConfig:
+        for src in self.sources:
+            if src.name == name:
+                return src
+        raise ConfigError(
+            f"sources: no source named {name!r} "
+            f"(configured: {', '.join(s.name for s in self.sources)})"
+        )
+
+    def export(self, name: str) -> ExportConfig:
+        if name not in self.exports:
+            known = ", ".join(self.exports) or "none"
+            raise ConfigError(f"exports: no export named {name!r} (configured: {known})")
+        return self.exports[name]

@@ -1,0 +1,134 @@
+"""Bring tables an older lakeshard wrote to the current layout, in place, under the run
+lock, at the start of every table-changing command.
+
+Layout 1 (lakeshard up to 0.1.0, before the architecture refactor) -> layout 2:
+
+* the curated Lance table's ``phash`` (it always held a dHash), ``image_bytes`` and
+  ``original_bytes`` (byte counts, not bytes) become ``dhash``, ``image_size_bytes``
+  and ``original_size_bytes``: one metadata-only Lance commit, no data file rewritten;
+* the Delta ``dedup`` table's ``phash`` becomes ``dhash``: the table is rewritten once
+  (one atomic overwrite; it holds a few small columns per sample) and keeps its
+  lakeshard properties;
+* the bronze manifest moves from ``<root>/delta/samples`` to ``<root>/delta/manifest``
+  (a directory rename: Delta's log refers to its files relative to the table).
+
+Each step checks what is there, so a migration interrupted half-way finishes on the
+next run. ``<root>/_lakeshard/layout.json`` records the layout once every step is done;
+with it, a run pays one small read and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from etl import tables
+from etl.config import Config
+
+__all__ = ["LAYOUT_VERSION", "CURATED_RENAMES", "migrate"]
+
+log = logging.getLogger(__name__)
+
+LAYOUT_VERSION = 2
+# Old curated column -> new name.
+CURATED_RENAMES = {
+    "phash": "dhash",
+    "image_bytes": "image_size_bytes",
+    "original_bytes": "original_size_bytes",
+}
+_LEGACY_MANIFEST = "samples"
+
+
+def _marker(cfg: Config) -> str:
+    return f"{cfg.storage.root.rstrip('/')}/_lakeshard/layout.json"
+
+
+def _fs(uri: str):
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(uri)
+
+
+def _layout_version(cfg: Config) -> int | None:
+    import pyarrow.fs as pafs
+
+    fs, path = _fs(_marker(cfg))
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        return None
+    with fs.open_input_stream(path) as f:
+        return int(json.loads(f.read())["layout"])
+
+
+def _write_layout_version(cfg: Config) -> None:
+    fs, path = _fs(_marker(cfg))
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(json.dumps({"layout": LAYOUT_VERSION}).encode())
+
+
+def _rename_curated_columns(cfg: Config) -> str | None:
+    import lance
+
+    path = tables.layout(cfg).curated
+    if not tables.lance_exists(path):
+        return None
+    ds = lance.dataset(path)
+    names = set(ds.schema.names)
+    renames = {old: new for old, new in CURATED_RENAMES.items()
+               if old in names and new not in names}
+    if not renames:
+        return None
+    ds.alter_columns(*({"path": old, "name": new} for old, new in renames.items()))
+    return "curated: renamed " + ", ".join(f"{o} -> {n}" for o, n in renames.items())
+
+
+def _rename_dedup_column(spark, cfg: Config) -> str | None:
+    path = tables.layout(cfg).dedup
+    table = tables.read_delta(spark, path)
+    if table is None or "phash" not in table.columns or "dhash" in table.columns:
+        return None
+    props = tables.dedup_state(spark, cfg) or {}
+    (
+        table.withColumnRenamed("phash", "dhash")
+        .write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+        .save(path)
+    )
+    if props:
+        settings = ", ".join(f"'{k}' = '{v}'" for k, v in sorted(props.items()))
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
+    return "dedup: renamed phash -> dhash (table rewritten)"
+
+
+def _move_manifest(spark, cfg: Config) -> str | None:
+    from delta.tables import DeltaTable
+
+    paths = tables.layout(cfg)
+    old = paths.delta_table(_LEGACY_MANIFEST)
+    if not DeltaTable.isDeltaTable(spark, old) or DeltaTable.isDeltaTable(spark, paths.manifest):
+        return None
+    jvm = spark.sparkContext._jvm
+    src, dst = jvm.org.apache.hadoop.fs.Path(old), jvm.org.apache.hadoop.fs.Path(paths.manifest)
+    fs = src.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if fs.exists(dst):  # an empty folder a failed attempt left
+        fs.delete(dst, True)
+    if not fs.rename(src, dst):
+        raise RuntimeError(f"could not move the bronze manifest {old} to {paths.manifest}")
+    return f"manifest: moved {old} -> {paths.manifest}"
+
+
+def migrate(spark, cfg: Config) -> list[str]:
+    """Migrate the tables under `cfg`'s root to the current layout; returns what was
+    done (empty when nothing was needed). Call it holding the run lock."""
+    if (_layout_version(cfg) or 0) >= LAYOUT_VERSION:
+        return []
+    done = [
+        step for step in (
+            _rename_curated_columns(cfg),
+            _rename_dedup_column(spark, cfg),
+            _move_manifest(spark, cfg),
+        ) if step
+    ]
+    for step in done:
+        log.warning("migrated %s", step)
+    _write_layout_version(cfg)
+    return done

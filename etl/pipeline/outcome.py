@@ -1,0 +1,26 @@
+"""The outcome of a run: per stage its result and seconds, the report, what was
+recovered or migrated first."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from etl.runtime.stage import StageResult
+
+__all__ = ["RunOutcome"]
+
+
+@dataclass
+class RunOutcome:
+    run_id: str
+    stages: list[str]
+    results: dict[str, StageResult] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+    report: str | None = None
+    recovered_run: str | None = None  # the crashed run whose stale lock this one took
+    migrated: list[str] = field(default_factory=list)  # migrations applied first
+
+    def detail(self, stage: str) -> Any:
+        res = self.results.get(stage)
+        return res.detail if res else None

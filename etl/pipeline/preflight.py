@@ -1,0 +1,78 @@
+"""Everything that can fail before Spark starts, with a message that names the field.
+
+:func:`check_config` checks the parsed config against the registries (source kinds,
+stage names, writable export targets) -- the part of validation that config itself
+must not import. The stage checks (:func:`check_sources`, :func:`check_exports`, and
+the ones the jobs register) look at the inputs: sample sources built, paths and
+columns there, export names known.
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlparse
+
+from etl.config import Config
+from etl.errors import ConfigError
+from etl.pipeline.stages import STAGES
+from etl.runtime.stage import RunContext
+from etl.sample_sources import ensure_samples
+from etl.sources import SOURCE_KINDS, adapter_for
+from etl.writers.remote import REMOTE_SCHEMES
+
+__all__ = [
+    "check_config",
+    "check_run_id",
+    "check_sources",
+    "check_exports",
+]
+
+_RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
+def check_config(cfg: Config) -> Config:
+    """Registry checks on a parsed config; returns it unchanged."""
+    for i, src in enumerate(cfg.sources):
+        where = f"sources[{i}] ({src.name})"
+        if src.kind not in SOURCE_KINDS:
+            raise ConfigError(
+                f"{where}.kind: unknown kind {src.kind!r} "
+                f"(known: {', '.join(sorted(SOURCE_KINDS))})"
+            )
+        SOURCE_KINDS[src.kind].validate_config(src, where)
+    for i, name in enumerate(cfg.run.stages or ()):
+        if name not in STAGES.names():
+            raise ConfigError(
+                f"run.stages[{i}]: unknown stage {name!r} "
+                f"(registered: {', '.join(STAGES.names())})"
+            )
+    for exp in cfg.exports.values():
+        if exp.path and "://" in exp.path:
+            scheme = urlparse(exp.path).scheme
+            if scheme not in REMOTE_SCHEMES:
+                raise ConfigError(
+                    f"exports.{exp.name}.path: {scheme}:// output is not supported; use "
+                    "s3:// (for Google Cloud Storage, its S3-interoperable endpoint: "
+                    "S3_ENDPOINT_URL=https://storage.googleapis.com with HMAC keys) or a "
+                    "local/mounted path"
+                )
+    return cfg
+
+
+def check_run_id(run_id: str | None) -> None:
+    if run_id is not None and not _RUN_ID_RE.match(run_id):
+        raise ConfigError(f"--run-id: {run_id!r} is not a valid run id (letters, digits, "
+                          "'.', '_', '-'; it names the report folder)")
+
+
+def check_sources(cfg: Config, ctx: RunContext | None = None) -> None:
+    """Sample sources built; every source's inputs there (paths, mapped columns)."""
+    ensure_samples(cfg)
+    for src in cfg.sources:
+        adapter_for(src.kind).check_inputs(src)
+
+
+def check_exports(cfg: Config, ctx: RunContext) -> None:
+    """The exports named on the command line exist."""
+    for name in ctx.export_names or ():
+        cfg.export(name)

@@ -1,0 +1,145 @@
+"""What a run prints and leaves: the per-source table, one line per stage, the ledger
+listing (`lakeshard runs`), and ``summary.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+
+from etl.jobs.caption import format_caption
+from etl.jobs.curate import CurateResult
+from etl.jobs.dedup import format_dedup
+from etl.pipeline.outcome import RunOutcome
+from etl.pipeline.stages import STAGES
+
+__all__ = ["format_summary", "format_outcome", "format_runs", "write_summary"]
+
+
+def format_summary(run_id: str, cur: CurateResult | None, exports: list) -> str:
+    """The run's header, the per-source accounting table and where outputs landed."""
+    lines = [f"lakeshard run {run_id}"]
+    if cur is not None:
+        header = (
+            f"{'source':<20} {'seen':>7} {'accepted':>9} {'rejected':>9} {'flagged':>8} "
+            f"{'unchanged':>10}  reasons (rejected; flagged)"
+        )
+        lines += ["", header, "-" * len(header)]
+        for c in cur.counts:
+            why = ", ".join(f"{k}={v}" for k, v in {**c.reasons, **c.filtered}.items()) or "-"
+            lines.append(
+                f"{c.source:<20} {c.seen:>7} {c.accepted:>9} {c.rejected:>9} "
+                f"{sum(c.filtered.values()):>8} {c.unchanged:>10}  {why}"
+            )
+        tot = [sum(getattr(c, f) for c in cur.counts) for f in ("seen", "accepted", "rejected")]
+        flagged = sum(sum(c.filtered.values()) for c in cur.counts)
+        same = sum(c.unchanged for c in cur.counts)
+        lines.append(
+            f"{'total':<20} {tot[0]:>7} {tot[1]:>9} {tot[2]:>9} {flagged:>8} {same:>10}"
+        )
+        lines += [
+            "",
+            f"curated (Lance) : {cur.curated_path}  version {cur.curated_version}, "
+            f"{cur.curated_rows} rows",
+            f"rejects (Delta) : {cur.rejects_path}",
+            f"manifest (Delta): {cur.manifest_path}",
+            f"accounting      : {cur.accounting_path}  (Delta; one row per run, source, "
+            "outcome, reason)",
+        ]
+    for e in exports:
+        resumed = f", {e.resumed_partitions} partition(s) reused" if e.resumed_partitions else ""
+        lines.append(
+            f"export (MDS)    : {e.path}  {e.samples} samples in {e.shards} shard(s), "
+            f"{e.bytes / 1e6:.2f} MB{resumed}"
+        )
+    return "\n".join(lines)
+
+
+def format_outcome(out: RunOutcome) -> str:
+    """The summary table, dedup and caption summaries, one line per stage (time,
+    note), and the report's path."""
+    lines = [format_summary(out.run_id, out.detail("curate"), out.detail("export") or []), ""]
+    if out.detail("dedup") is not None:
+        lines += [format_dedup(out.detail("dedup")), ""]
+    cap = out.detail("caption")
+    if cap is not None and cap.todo:
+        lines += [format_caption(cap), ""]
+    for name in STAGES.names():
+        if name in out.results:
+            note = out.results[name].note
+            lines.append(f"stage {name:<10} {out.seconds[name]:8.1f} s"
+                         + (f"  ({note})" if note else ""))
+        else:
+            lines.append(f"stage {name:<10} {'skipped':>10}")
+    if out.migrated:
+        lines.append("migrated        : " + "; ".join(out.migrated))
+    if out.recovered_run:
+        lines.append(f"recovered the stale lock of crashed run {out.recovered_run}")
+    if out.report:
+        lines.append(f"report          : {out.report}")
+    return "\n".join(lines)
+
+
+def write_summary(out: RunOutcome, out_dir: str) -> str:
+    """``<out_dir>/summary.json``: the run's accounting, outputs and timings."""
+    os.makedirs(out_dir, exist_ok=True)
+    path = os.path.join(out_dir, "summary.json")
+    cur = out.detail("curate")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(
+            {
+                "run_id": out.run_id,
+                "curate": asdict(cur) if cur else None,
+                "exports": [asdict(e) for e in out.detail("export") or []],
+                "stages": out.stages,
+                "seconds": out.seconds,
+                "report": out.report,
+                "recovered_run": out.recovered_run,
+                "migrated": out.migrated,
+            },
+            f,
+            indent=2,
+        )
+    return path
+
+
+def _counts(m: dict | None) -> str:
+    if not m:
+        return "-"
+    return ", ".join(f"{k}={v}" for k, v in sorted(m.items()) if ":" not in k) or "-"
+
+
+def format_runs(rows: list, path: str, *, stages: bool = False) -> str:
+    """`lakeshard runs`: `rows` as :func:`etl.ledger.recent_runs` returns them (run row
+    first per run), one line per run (and per stage)."""
+    if not rows:
+        return f"no runs recorded yet in {path}"
+    header = (f"{'run id':<24} {'status':<8} {'started (UTC)':<19} {'secs':>7}  "
+              f"{'config':<16} {'code':<24} stages")
+    lines = [header, "-" * len(header)]
+    by_run: dict[str, list] = {}
+    for r in rows:
+        by_run.setdefault(r["run_id"], []).append(r)
+    for run_id, rs in by_run.items():
+        run = next((r for r in rs if r["stage"] == "run"), rs[0])
+        parts = [f"{r['stage']}:{r['status']}" for r in rs if r["stage"] != "run"]
+        secs = "-" if run["seconds"] is None else f"{run['seconds']:.1f}"
+        lines.append(
+            f"{run_id:<24} {run['status']:<8} {run['started_at']:%Y-%m-%d %H:%M:%S} "
+            f"{secs:>7}  {run['config_hash']:<16} {run['code_version']:<24} "
+            + " ".join(parts)
+        )
+        if stages:
+            for r in rs:
+                if r["stage"] == "run":
+                    continue
+                secs = "-" if r["seconds"] is None else f"{r['seconds']:.1f}s"
+                versions = ", ".join(f"{k}={v}" for k, v in
+                                     sorted((r["table_versions"] or {}).items()))
+                lines.append(
+                    f"    {r['stage']:<10} {r['status']:<8} {secs:>8}  in: "
+                    f"{_counts(r['inputs'])}  out: {_counts(r['outputs'])}"
+                    + (f"  versions: {versions}" if versions else "")
+                    + (f"  ({r['note']})" if r["note"] else "")
+                )
+    return "\n".join(lines)

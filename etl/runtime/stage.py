@@ -1,0 +1,38 @@
+"""What a stage (or a table-changing command) returns to the run that called it, and
+what it gets from it. The orchestrator (:mod:`etl.pipeline.runner`) adds the lock, the
+ledger rows, timings, progress and the report around every stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["StageResult", "RunContext"]
+
+
+@dataclass
+class StageResult:
+    # Counts by status: what the stage read, and what it produced.
+    inputs: dict[str, int] = field(default_factory=dict)
+    outputs: dict[str, int] = field(default_factory=dict)
+    # Table -> version this stage left ("lance:curated": 4, "delta:rejects": 2).
+    table_versions: dict[str, int] = field(default_factory=dict)
+    # Export name -> its manifest summary (path, samples, checksum, table version).
+    manifests: dict[str, dict] = field(default_factory=dict)
+    note: str | None = None
+    # The stage's own result object (CurateResult, [ExportResult], …), for callers.
+    detail: Any = None
+
+
+@dataclass
+class RunContext:
+    run_id: str
+    # Exports the export stage writes; None: every configured export.
+    export_names: tuple[str, ...] | None = None
+    # The results of the stages before this one in this run.
+    results: dict[str, StageResult] = field(default_factory=dict)
+    # A command's own arguments (`lakeshard caption --version v --force`): stage -> dict.
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def option(self, stage: str, name: str, default: Any = None) -> Any:
+        return self.options.get(stage, {}).get(name, default)

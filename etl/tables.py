@@ -1,0 +1,233 @@
+"""Every table lakeshard keeps: its name, where it lives under ``storage.root``, and how
+to open it (or fail saying which command creates it).
+
+::
+
+    <root>/lance/<namespace>/curated.lance   curated (Lance): one row per accepted sample
+    <root>/delta/manifest                    bronze manifest: one row per source record
+    <root>/delta/rejects                     records that did not make it, and why
+    <root>/delta/accounting                  per run and source: records by outcome
+    <root>/delta/dedup                       duplicate clusters of the curated rows
+    <root>/delta/runs                        the run ledger
+    <root>/mds/<export>/                     MDS exports
+    <root>/reports/<run_id>/                 run reports
+
+The dedup table's state (the settings and curated version it covers, in its Delta
+properties) and the set of rows exports leave out are here too: curate, export, the
+report and the SQL views all read them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from etl.config import Config, StorageConfig
+from etl.errors import TableMissingError
+
+__all__ = [
+    "CURATED",
+    "MANIFEST",
+    "REJECTS",
+    "ACCOUNTING",
+    "DEDUP",
+    "RUNS",
+    "DEDUP_PARAMS",
+    "DEDUP_CURATED_VERSION",
+    "Layout",
+    "layout",
+    "export_path",
+    "lock_path",
+    "lance_exists",
+    "open_curated",
+    "read_delta",
+    "delta_version",
+    "dedup_state",
+    "dedup_params",
+    "non_canonical_ids",
+]
+
+log = logging.getLogger(__name__)
+
+CURATED = "curated"  # Lance
+MANIFEST = "manifest"  # Delta tables from here on
+REJECTS = "rejects"
+ACCOUNTING = "accounting"
+DEDUP = "dedup"
+RUNS = "runs"
+
+# Delta table properties of the dedup table: the settings it was computed with, and
+# the curated table version it covers.
+DEDUP_PARAMS = "lakeshard.dedup.params"
+DEDUP_CURATED_VERSION = "lakeshard.dedup.curatedVersion"
+
+
+def _join(root: str, *parts: str) -> str:
+    return "/".join([root.rstrip("/"), *parts])
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths under one storage root."""
+
+    root: str
+    namespace: str = "default"
+
+    @classmethod
+    def of(cls, storage: StorageConfig) -> Layout:
+        return cls(storage.root, storage.namespace)
+
+    @property
+    def lance_dir(self) -> str:
+        return _join(self.root, "lance", self.namespace)
+
+    @property
+    def delta_dir(self) -> str:
+        return _join(self.root, "delta")
+
+    @property
+    def mds_dir(self) -> str:
+        return _join(self.root, "mds")
+
+    @property
+    def reports_dir(self) -> str:
+        return _join(self.root, "reports")
+
+    @property
+    def samples_dir(self) -> str:
+        return _join(self.root, "samples")
+
+    def lance_table(self, name: str) -> str:
+        return _join(self.lance_dir, f"{name}.lance")
+
+    def delta_table(self, name: str) -> str:
+        return _join(self.delta_dir, name)
+
+    def export_dir(self, name: str) -> str:
+        return _join(self.mds_dir, name)
+
+    def report_dir(self, name: str) -> str:
+        return _join(self.reports_dir, name)
+
+    @property
+    def curated(self) -> str:
+        return self.lance_table(CURATED)
+
+    @property
+    def manifest(self) -> str:
+        return self.delta_table(MANIFEST)
+
+    @property
+    def rejects(self) -> str:
+        return self.delta_table(REJECTS)
+
+    @property
+    def accounting(self) -> str:
+        return self.delta_table(ACCOUNTING)
+
+    @property
+    def dedup(self) -> str:
+        return self.delta_table(DEDUP)
+
+    @property
+    def runs(self) -> str:
+        return self.delta_table(RUNS)
+
+
+def layout(cfg: Config) -> Layout:
+    return Layout.of(cfg.storage)
+
+
+def lock_path(cfg: Config) -> str:
+    """The run lock of this root: `run.lock_path`, or <root>/_lock/run.lock."""
+    return cfg.run.lock_path or _join(cfg.storage.root, "_lock", "run.lock")
+
+
+def export_path(cfg: Config, name: str) -> str:
+    """Where export `name` is written: its `path`, or <root>/mds/<name>."""
+    return cfg.export(name).path or layout(cfg).export_dir(name)
+
+
+# ----------------------------------------------------------------------------- Lance
+
+
+def lance_exists(path: str) -> bool:
+    import lance
+
+    try:
+        lance.dataset(path)
+        return True
+    except (ValueError, OSError):
+        return False
+
+
+def open_curated(cfg: Config, version: int | None = None):
+    """The curated Lance dataset (at `version`), or TableMissingError naming the fix."""
+    import lance
+
+    path = layout(cfg).curated
+    try:
+        return lance.dataset(path, version=version)
+    except (ValueError, OSError) as exc:
+        if version is not None and lance_exists(path):
+            raise TableMissingError(f"{path} has no version {version}: {exc}") from None
+        raise TableMissingError(
+            f"no curated table at {path}: run `lakeshard curate` first"
+        ) from None
+
+
+# ----------------------------------------------------------------------------- Delta
+
+
+def read_delta(spark, path: str):
+    """The Delta table at `path` as a DataFrame, or None if there is none yet."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    return spark.read.format("delta").load(path)
+
+
+def delta_version(spark, path: str) -> int | None:
+    """The latest version of the Delta table at `path`, None if there is none."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    return DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
+
+
+def dedup_state(spark, cfg: Config) -> dict[str, str] | None:
+    """The dedup table's lakeshard properties, or None when dedup never ran."""
+    from delta.tables import DeltaTable
+
+    path = layout(cfg).dedup
+    if not DeltaTable.isDeltaTable(spark, path):
+        return None
+    props = DeltaTable.forPath(spark, path).detail().select("properties").first()[0] or {}
+    return {k: v for k, v in props.items() if k.startswith("lakeshard.")}
+
+
+def dedup_params(cfg: Config) -> str:
+    """The settings a dedup result depends on, as recorded in its table."""
+    import json
+
+    return json.dumps({"threshold": cfg.dedup.threshold, "bands": cfg.dedup.bands},
+                      sort_keys=True)
+
+
+def non_canonical_ids(spark, cfg: Config, curated_version: int):
+    """``sample_id`` of the rows exports leave out (non-canonical duplicates), or None
+    when dedup never ran."""
+    path = layout(cfg).dedup
+    state = dedup_state(spark, cfg)
+    if state is None:
+        log.warning("no dedup table at %s: exporting without dedup", path)
+        return None
+    if state.get(DEDUP_CURATED_VERSION) != str(curated_version):
+        log.warning(
+            "dedup covers curated version %s, the table is at %s: rows added since are "
+            "exported unchecked (run `lakeshard dedup`)",
+            state.get(DEDUP_CURATED_VERSION), curated_version,
+        )
+    return spark.read.format("delta").load(path).where("NOT is_canonical").select("sample_id")

@@ -1,0 +1,196 @@
+"""Bronze diffing, accounting and export-row selection on frames of a few rows."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pyarrow as pa
+import pytest
+
+from etl.config import ExportConfig
+from etl.errors import ConfigError
+from etl.schema import MANIFEST_SCHEMA, SOURCE_SCHEMA
+from etl.transforms.accounting import accounting_rows, source_counts
+from etl.transforms.bronze import (
+    manifest_rows,
+    mark_duplicate_keys,
+    mark_unchanged,
+    unchanged_containers,
+)
+from etl.transforms.export import export_columns, export_rows, latent_export_columns
+
+NOW = datetime(2026, 11, 30, 12, 0, 0)
+
+
+def _listed(spark, rows):
+    """Rows of the source schema from (sample_id, source_uri, fingerprint, read_status)."""
+    names = SOURCE_SCHEMA.fieldNames()
+    full = []
+    for sid, uri, fp, status in rows:
+        r = dict.fromkeys(names)
+        r.update(sample_id=sid, source="s", source_key=sid, source_uri=uri, fingerprint=fp,
+                 read_status=status, image_ref=uri)
+        full.append(tuple(r[n] for n in names))
+    return spark.createDataFrame(full, SOURCE_SCHEMA)
+
+
+def _manifest(spark, rows):
+    """Manifest rows from (sample_id, fingerprint, status, reason)."""
+    names = MANIFEST_SCHEMA.fieldNames()
+    full = []
+    for sid, fp, status, reason in rows:
+        r = dict.fromkeys(names)
+        r.update(sample_id=sid, source="s", source_key=sid, fingerprint=fp, status=status,
+                 reason=reason, run_id="r0", ingested_at=NOW)
+        full.append(tuple(r[n] for n in names))
+    return spark.createDataFrame(full, MANIFEST_SCHEMA)
+
+
+def test_unchanged_is_same_id_same_fingerprint_and_not_a_transient_failure(spark):
+    listed = _listed(spark, [
+        ("same", "u1", "10:1", "ok"),
+        ("changed", "u2", "10:2", "ok"),
+        ("new", "u3", "10:3", "ok"),
+        ("timed_out", "u4", "10:4", "ok"),
+        ("server_error", "u5", "10:5", "ok"),
+        ("bad_forever", "u6", "10:6", "ok"),
+        ("keyed", "u7", None, "ok"),  # tables: no fingerprint, the key alone
+    ])
+    manifest = _manifest(spark, [
+        ("same", "10:1", "accepted", None),
+        ("changed", "10:1", "accepted", None),
+        ("timed_out", "10:4", "rejected", "timeout"),
+        ("server_error", "10:5", "rejected", "http_503"),
+        ("bad_forever", "10:6", "rejected", "undecodable"),
+        ("keyed", None, "accepted", None),
+    ])
+    got = {r.sample_id: r.unchanged for r in mark_unchanged(listed, manifest).collect()}
+    assert got == {"same": True, "changed": False, "new": False, "timed_out": False,
+                   "server_error": False, "bad_forever": True, "keyed": True}
+    # No manifest yet: everything is new.
+    assert {r.unchanged for r in mark_unchanged(listed, None).collect()} == {False}
+
+
+def test_a_repeated_key_keeps_its_first_readable_copy(spark):
+    listed = _listed(spark, [
+        ("k", "b.tar", "1", "ok"),
+        ("k", "a.tar", "1", "rejected"),  # unreadable copies sort after readable ones
+        ("k", "c.tar", "1", "ok"),
+        ("solo", "a.tar", "1", "ok"),
+    ])
+    marked = mark_duplicate_keys(mark_unchanged(listed, None)).collect()
+    by = {(r.sample_id, r.source_uri): (r.occurrence, r.read_status, r.read_reason)
+          for r in marked}
+    assert by == {
+        ("k", "b.tar"): (1, "ok", None),
+        ("k", "c.tar"): (2, "rejected", "duplicate_key"),
+        ("k", "a.tar"): (3, "rejected", None),  # already rejected for its own reason
+        ("solo", "a.tar"): (1, "ok", None),
+    }
+
+
+def test_a_container_is_skipped_only_when_all_its_records_match():
+    listed = {"s-0.tar": "100:1", "s-1.tar": "100:2", "s-2.tar": "100:3"}
+    known = [
+        {"source_uri": "s-0.tar", "fingerprint": "100:1", "count": 5},
+        {"source_uri": "s-1.tar", "fingerprint": "100:2", "count": 3},
+        {"source_uri": "s-1.tar", "fingerprint": "99:0", "count": 1},  # an older copy
+        {"source_uri": "gone.tar", "fingerprint": "1:1", "count": 7},
+    ]
+    skip, records = unchanged_containers(listed, known)
+    assert skip == {"s-0.tar"} and records == 5
+
+
+def test_manifest_rows_are_the_first_copy_with_outcome(spark):
+    prepared = spark.createDataFrame(
+        [("a", "s", "ka", 1, "ok", "prepare", None),
+         ("b", "s", "kb", 1, "rejected", "prepare", "truncated"),
+         ("b", "s", "kb", 2, "rejected", "ingest", "duplicate_key"),
+         ("c", "s", "kc", 1, "rejected", "fetch", None)],
+        "sample_id string, source string, source_key string, occurrence int, status string, "
+        "stage string, reason string",
+    )
+    for f in MANIFEST_SCHEMA.fields:
+        if f.name not in prepared.columns:
+            from pyspark.sql import functions as F
+
+            prepared = prepared.withColumn(f.name, F.lit(None).cast(f.dataType))
+    rows = {r.sample_id: r for r in manifest_rows(prepared, run_id="r1", ingested_at=NOW)
+            .collect()}
+    assert set(rows) == {"a", "b", "c"}
+    assert (rows["a"].status, rows["a"].stage, rows["a"].reason) == ("accepted", None, None)
+    assert (rows["b"].status, rows["b"].stage, rows["b"].reason) == (
+        "rejected", "prepare", "truncated")
+    assert rows["c"].reason == "unknown"
+    assert {r.run_id for r in rows.values()} == {"r1"}
+
+
+def test_source_counts_and_accounting_rows_agree(spark):
+    outcome = spark.createDataFrame(
+        [("a", "prepare", "ok", None, None, 5),
+         ("a", "prepare", "ok", None, "too_small", 2),
+         ("a", "prepare", "rejected", "truncated", None, 1),
+         ("a", "fetch", "rejected", "http_404", None, 3),
+         ("b", "ingest", "rejected", None, None, 1)],
+        "source string, stage string, status string, reason string, filter_reason string, "
+        "count long",
+    )
+    counts = {c.source: c for c in source_counts(outcome.collect(), ["a", "b", "c"],
+                                                 {"a": 4, "c": 9})}
+    a = counts["a"]
+    assert (a.seen, a.accepted, a.rejected, a.unchanged) == (11, 7, 4, 4)
+    assert a.reasons == {"http_404": 3, "truncated": 1} and a.filtered == {"too_small": 2}
+    assert counts["b"].reasons == {"unknown": 1}
+    assert (counts["c"].seen, counts["c"].unchanged) == (0, 9)
+
+    rows = accounting_rows(outcome, {"a": 4, "c": 9, "d": 0}, run_id="r1", run_at=NOW).collect()
+    total = {}
+    for r in rows:
+        assert r.run_id == "r1" and r.run_at == NOW
+        total[(r.source, r.status)] = total.get((r.source, r.status), 0) + r["count"]
+    assert total == {("a", "accepted"): 7, ("a", "rejected"): 4, ("b", "rejected"): 1,
+                     ("a", "unchanged"): 4, ("c", "unchanged"): 9}
+    flagged = [r for r in rows if r.filter_reason]
+    assert [(r.status, r.filter_reason, r["count"]) for r in flagged] == [
+        ("accepted", "too_small", 2)]
+
+
+def test_export_rows_leave_out_duplicates_and_shape_captions(spark):
+    curated = spark.createDataFrame(
+        [(0, "a", "s", 64, 48, 64, 48, "a cat", None),
+         (1, "b", "s", 32, 32, 40, 40, None, "alt b"),
+         (2, "c", "s", 10, 10, 10, 10, "dup", None)],
+        "_rowaddr long, sample_id string, source string, width int, height int, "
+        "original_width int, original_height int, caption_original string, alt string",
+    )
+    exp = ExportConfig(name="t", captions={"caption": "caption_original", "alt": "alt"})
+    mapping = export_columns(exp, curated.columns + ["image"])
+    dups = spark.createDataFrame([("c",)], "sample_id string")
+    rows = export_rows(curated, mapping, captions={"caption", "alt"}, fetched={"image"},
+                       duplicates=dups, row_address="_rowaddr")
+    assert "image" not in rows.columns and rows.schema["width"].dataType.simpleString() == "int"
+    got = {r.sample_id: (r._rowaddr, r.caption, r.alt) for r in rows.collect()}
+    assert got == {"a": (0, "a cat", ""), "b": (1, "", "alt b")}
+
+    with pytest.raises(ConfigError, match="column 'nope' .* not in the curated table"):
+        export_columns(ExportConfig(name="t", columns=("nope",)), curated.columns + ["image"])
+    with pytest.raises(ConfigError, match="'width' is already exported"):
+        export_columns(ExportConfig(name="t", columns=("width",)), curated.columns + ["image"])
+
+
+def test_latent_export_columns_read_shapes_from_the_field_metadata():
+    import json
+
+    meta = {"lakeshard.latent": json.dumps({"encoder": "t5", "caption": "caption_original",
+                                            "max_tokens": 8, "hidden_size": 4,
+                                            "dtype": "bfloat16"})}
+    schema = pa.schema([pa.field("latent_caption_original_t5", pa.binary(), metadata=meta)])
+    exp = ExportConfig(name="t", latents=("t5",))
+    mapping, encodings, required = latent_export_columns(exp, schema)
+    assert mapping == {"latent_caption_t5": "latent_caption_original_t5",
+                       "attention_mask_caption_t5": "attention_mask_caption_original_t5"}
+    assert encodings == {"latent_caption_t5": "ndarray:uint16:8,4",
+                         "attention_mask_caption_t5": "ndarray:uint8:8"}
+    assert required == ["latent_caption_original_t5"]
+    with pytest.raises(ConfigError, match="no latents of encoder 'clip'"):
+        latent_export_columns(ExportConfig(name="t", latents=("clip",)), schema)
