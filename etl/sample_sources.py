@@ -231,7 +231,12 @@ def ensure_samples(cfg: Config) -> list[SourceConfig]:
             )
         path = local_path(src.path)
         builder = _BUILDERS[src.kind]
-        if src.kind == "table" and "url" in src.columns:
+        if src.kind == "table" and src.has_url_column:
+            if not src.allow_local:
+                raise ConfigError(
+                    f"source {src.name!r}: the sample URL list names local files "
+                    "(file:// URLs); set allow_local: true on it"
+                )
             builder = _build_url_list
         if src.kind == "webdataset":
             if path.parent.exists() and any(path.parent.glob("*.tar")):

@@ -101,11 +101,13 @@ def test_bad_records_are_counted_and_rejected_with_reasons(spark, tmp_path):
         (pdir / "part-1.parquet").write_bytes(b"")
         pq_expected = {"unreadable_row_group": 2, "unreadable_file": 1}
 
-        cfg = make_config(tmp_path / "out", fetch={"retries": 0, "timeout_s": 5}, sources=[
+        # The list mixes a loopback server and local paths: both allowed explicitly.
+        fetch = {"retries": 0, "timeout_s": 5, "allow_networks": ["127.0.0.1/32"]}
+        cfg = make_config(tmp_path / "out", fetch=fetch, sources=[
             {"name": "folder", "kind": "image_folder", "path": str(folder)},
             {"name": "tars", "kind": "webdataset", "path": str(shards / "*.tar")},
             {"name": "urls", "kind": "table", "path": str(tmp_path / "urls.jsonl"),
-             "columns": {"key": "id", "url": "url", "caption": "cap"}},
+             "columns": {"key": "id", "url": "url", "caption": "cap"}, "allow_local": True},
             {"name": "pq", "kind": "table", "path": str(pdir),
              "columns": {"key": "id", "image": "img", "caption": "cap"}},
         ])

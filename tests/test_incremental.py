@@ -83,7 +83,8 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path):
                               "key string, img binary, cap string") \
             .write.format("delta").save(str(tmp_path / "dl"))
         cfg = make_config(tmp_path / "out", sources=_sources(tmp_path),
-                          fetch={"retries": 0, "timeout_s": 5})
+                          fetch={"retries": 0, "timeout_s": 5,
+                                 "allow_networks": ["127.0.0.1/32"]})  # the loopback server
 
         counts = _curate(spark, cfg, "r1")
         for name in ("folder", "tars", "urls", "emb", "dl", "ln"):

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from etl.config.base import FieldError, Section, keyed
 from etl.config.curation import DedupConfig, ExportConfig, LakehouseConfig
-from etl.config.images import FetchConfig, PrepareConfig
+from etl.config.images import USER_AGENT_PLACEHOLDER, FetchConfig, PrepareConfig
 from etl.config.inference import CaptionConfig, LatentsConfig
 from etl.config.runtime import RunConfig, SourceConfig, SparkConfig, StorageConfig
 from etl.errors import ConfigError
 
 __all__ = ["Config"]
+
+log = logging.getLogger(__name__)
 
 _SECTIONS_WITH_DEFAULTS = (
     "spark", "prepare", "exports", "caption", "latents", "lakehouse", "dedup", "run", "fetch",
@@ -65,6 +68,16 @@ class Config(Section):
                         f"{name!r} is not an encoder under latents.encoders "
                         f"(configured: {known})",
                     )
+        web = [src.name for src in self.sources if src.fetches_web]
+        if web and self.fetch.user_agent_is_template:
+            # A warning, not an error: local trials may fetch a few URLs before an
+            # operator has a contact page to name.
+            log.warning(
+                "fetch.user_agent still holds the contact URL placeholder (%s) and "
+                "source(s) %s fetch from the web: set it to name you and a page site "
+                "owners can reach you by, e.g. 'lakeshard/0.1 (+https://your-team.example/"
+                "crawler)'", USER_AGENT_PLACEHOLDER, ", ".join(web),
+            )
         if self.run.lock and self.run.lock_path is None and self.storage.is_remote:
             raise FieldError(
                 "run.lock_path",

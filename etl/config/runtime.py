@@ -56,6 +56,42 @@ class SourceConfig(Section):
     license: Text | None = None
     # True: one of lakeshard's bundled sample sources; built if missing.
     sample: bool = False
+    # URL sources (`columns.url`): what the list's URLs may name. Local paths and file://
+    # only when true (whoever wrote the list could otherwise read executor files).
+    allow_local: bool = False
+    # Remote schemes fetched from the URL column: http/https, and object stores (s3, gs,
+    # ...) when the list names objects; anything else is rejected as bad_scheme.
+    url_schemes: Strings = ("http", "https")
+    # Skip images whose X-Robots-Tag opts out of AI use (fetch.opt_out_directives).
+    respect_opt_out: bool = True
+    # Requests per second to one host, per Python worker; null: only fetch.per_host.
+    per_host_rps: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("url_schemes")
+    @classmethod
+    def _known_schemes(cls, schemes: tuple[str, ...]) -> tuple[str, ...]:
+        from etl.config.images import URL_SCHEMES
+
+        out = tuple(s.strip().lower() for s in schemes)
+        for scheme in out:
+            if scheme == "file":
+                raise ValueError("'file' is not listed here: set allow_local: true for "
+                                 "file:// URLs and paths")
+            if scheme not in URL_SCHEMES:
+                raise ValueError(f"{scheme!r} is not one of {', '.join(URL_SCHEMES)}")
+        return out
+
+    @property
+    def has_url_column(self) -> bool:
+        """Images are named by a URL column: a list someone else wrote."""
+        return "url" in self.columns
+
+    @property
+    def fetches_web(self) -> bool:
+        """Rows of this source may be fetched over HTTP(S)."""
+        if self.has_url_column:
+            return bool({"http", "https"} & set(self.url_schemes))
+        return self.path.split("://", 1)[0].lower() in ("http", "https")
 
 
 class RunConfig(Section):

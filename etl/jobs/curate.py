@@ -122,7 +122,8 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
 
     # fetch -> prepare
     sc.setJobDescription("lakeshard curate: fetch + prepare new records")
-    todo = fetch_images(mark_duplicate_keys(listed.where(~F.col("unchanged"))), cfg.fetch)
+    todo = fetch_images(mark_duplicate_keys(listed.where(~F.col("unchanged"))), cfg.fetch,
+                        cfg.sources)
     dup = F.col("occurrence") > 1
     prepared = (
         prepare_images(todo, cfg.prepare)

@@ -33,6 +33,7 @@ def jpeg_audit(
             .orderBy(F.xxhash64("source_key", F.lit(seed)))
             .limit(sample * 3),  # some may not decode; they are skipped, not counted
             cfg.fetch,
+            (src,),
         )
         .where(F.col("read_status") == "ok")
         .select("source_key", "image_bytes")

@@ -38,6 +38,13 @@ class SourceAdapter(ABC):
             )
         for key in sorted(self.required_mapping - set(source.columns)):
             raise ConfigError(f"{where}.columns.{key}: required for kind {self.kind!r}")
+        if not source.has_url_column:
+            # The rules of a URL list; this source's references come from its own path.
+            for key in sorted({"allow_local", "url_schemes"} & source.model_fields_set):
+                raise ConfigError(
+                    f"{where}.{key}: only for sources whose images are named by a URL "
+                    "column (columns.url)"
+                )
 
     @abstractmethod
     def check_inputs(self, source: SourceConfig) -> None:

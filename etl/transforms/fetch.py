@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from etl.config import FetchConfig
-from udfs.fetch import fetch_udf
+from etl.config import FetchConfig, SourceConfig
+from udfs.fetch import fetch_udf, rules_for
 
 __all__ = ["fetch_images"]
 
 
-def fetch_images(df: DataFrame, opts: FetchConfig) -> DataFrame:
-    """Fill `image_bytes` from `image_ref` for readable rows that reference their image;
-    a failed fetch makes the row `rejected` with the fetch status as reason (`http_404`,
-    `timeout`, `too_large`, `dns`, `missing_file`, …) and `fetch_detail` set."""
+def fetch_images(df: DataFrame, opts: FetchConfig, sources: Iterable[SourceConfig]
+                 ) -> DataFrame:
+    """Fill `image_bytes` from `image_ref` for readable rows that reference their image,
+    each under the rules of its `source` (one of `sources`: what its URLs may name,
+    opt-out, rate). A failed fetch makes the row `rejected` with the fetch status as
+    reason (`http_404`, `timeout`, `blocked_address`, `bad_scheme`, `opted_out`, ...)
+    and `fetch_detail` set."""
+    rules = {s.name: rules_for(s) for s in sources}
     need = (F.col("read_status") == "ok") & F.col("image_bytes").isNull() & \
         F.col("image_ref").isNotNull()
     fetched = df.withColumn(
         "_fetch",
-        F.when(need, fetch_udf(opts)(F.when(need, F.col("image_ref")), "image_offset",
-                                     "image_length")),
+        F.when(need, fetch_udf(opts, rules)(
+            "source", F.when(need, F.col("image_ref")), "image_offset", "image_length")),
     )
     failed = need & (F.col("_fetch.status") != "ok")
     return fetched.withColumns({
