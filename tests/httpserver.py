@@ -18,10 +18,10 @@ class Server:
     (with a Content-Length unless `headers` has one).
 
     `host`: any loopback address (127.0.0.2 is a second "machine" for address-policy
-    tests). `hits` counts requests per path, `arrivals` records (path, monotonic
-    time)."""
+    tests); `tls`: a server-side ssl.SSLContext to serve HTTPS. `hits` counts requests
+    per path, `arrivals` records (path, monotonic time)."""
 
-    def __init__(self, host: str = "127.0.0.1"):
+    def __init__(self, host: str = "127.0.0.1", tls=None):
         self.files: dict[str, bytes] = {}
         self.raw: dict[str, tuple[list[tuple[str, str]], bytes]] = {}
         self.hits: dict[str, int] = {}
@@ -133,7 +133,10 @@ class Server:
 
         self.httpd = ThreadingHTTPServer((host, 0), Handler)
         self.httpd.daemon_threads = True
-        self.url = f"http://{host}:{self.httpd.server_address[1]}"
+        if tls is not None:
+            self.httpd.socket = tls.wrap_socket(self.httpd.socket, server_side=True)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://{host}:{self.httpd.server_address[1]}"
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def __enter__(self):

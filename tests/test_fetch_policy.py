@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 import urllib.parse
 
 import pytest
@@ -232,3 +233,58 @@ def test_a_redirect_to_another_scheme_is_refused(servers, tmp_path):
                         opts=OPTS, rules=anything)
         assert (res.status, res.data) == ("bad_scheme", None), target
         assert res.detail.startswith("redirect 1 to ")
+
+
+def _self_signed(tmp_path):
+    """A certificate for 127.0.0.1 and a client context that trusts only it."""
+    import datetime
+
+    x509 = pytest.importorskip("cryptography.x509")
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "lakeshard test")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    (tmp_path / "cert.pem").write_bytes(pem)
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
+    client = ssl.create_default_context(cadata=pem.decode())
+    return server, client
+
+
+def test_https_goes_through_the_same_connect_hook(tmp_path, monkeypatch, hooks, servers):
+    _, private = servers
+    server_ctx, client_ctx = _self_signed(tmp_path)
+    monkeypatch.setattr(fetch_http, "_tls_context", lambda: client_ctx)
+    with Server("127.0.0.1", tls=server_ctx) as tls:
+        tls.files["a.jpg"] = jpeg_bytes()
+        h = hooks()
+        # Allowed: TLS on the connection the hook made, the certificate checked.
+        res = fetch_ref(f"{tls.url}/img/a.jpg", opts=OPTS)
+        assert (res.status, res.data) == ("ok", jpeg_bytes())
+        assert h.connected == ["127.0.0.1"]
+        # Refused before any TLS: no connection at all.
+        res = fetch_ref(f"{tls.url}/img/a.jpg", opts=FetchConfig(retries=0))
+        assert res.status == "blocked_address" and h.connected == ["127.0.0.1"]
+        # From https into private space over a redirect: refused at the hop.
+        target = urllib.parse.quote(f"{private.url}/img/a.jpg", safe="")
+        res = fetch_ref(f"{tls.url}/to?{target}", opts=OPTS)
+        assert res.status == "blocked_address" and "127.0.0.2" in res.detail
+        # A certificate the client does not trust is a failed connection, not bytes.
+        monkeypatch.setattr(fetch_http, "_tls_context", ssl.create_default_context)
+        res = fetch_ref(f"{tls.url}/img/a.jpg", opts=OPTS)
+        assert res.status == "connection" and res.data is None
