@@ -2,7 +2,9 @@
 either embedded image bytes (`image:`) or an image reference (`url:` — a local path,
 relative to the table's folder, `file://`, `http(s)://`, `s3://`…), plus caption,
 licence and upstream-flag columns. This covers Hugging Face datasets exported to
-parquet (`image: image.bytes`) and LAION/DataComp-style URL lists.
+parquet (`image: image.bytes`) and LAION/DataComp-style URL lists. Which references a
+list may name is the source's to say (`allow_local`, `url_schemes`) and is enforced
+when they are fetched (:func:`udfs.fetch.rules_for`); here they are only resolved.
 
 ``columns:`` maps common fields to source columns, e.g.
 ``{key: id, url: url, caption: caption, nsfw: NSFW, watermark: pwatermark}``. Every
