@@ -20,7 +20,6 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import lance  # noqa: E402
-import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from conftest import REPO, make_config  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -128,21 +127,19 @@ def test_default_config_has_a_smoke_version_on_cpu():
 
 
 def test_caption_images_real_model_bad_rows_and_image_conditioning(tiny_model):
-    images = pd.Series([_photo_jpeg("astronaut"), b"\xff\xd8\xff garbage", None,
-                        _photo_jpeg("coffee")])
+    images = [_photo_jpeg("astronaut"), b"\xff\xd8\xff garbage", None, _photo_jpeg("coffee")]
     spec = _spec(tiny_model)
     out = caption_images(spec, images)
-    assert out["status"].tolist() == ["ok", "bad_image", "bad_image", "ok"]
-    assert out["error"][1].startswith("undecodable image") and out["error"][2] == (
-        "missing image bytes")
-    assert out["caption"][1] is None and out["caption"][2] is None
-    assert all(isinstance(out["caption"][i], str) for i in (0, 3))
-    assert all(1 <= out["tokens"][i] <= spec.settings.max_new_tokens for i in (0, 3))
+    assert out.status == ["ok", "bad_image", "bad_image", "ok"]
+    assert out.error[1].startswith("undecodable image") and out.error[2] == "missing image bytes"
+    assert out.caption[1] is None and out.caption[2] is None
+    assert all(isinstance(out.caption[i], str) for i in (0, 3))
+    assert all(1 <= out.tokens[i] <= spec.settings.max_new_tokens for i in (0, 3))
     # A random model still conditions on the pixels: different photos, different text.
-    assert out["caption"][0] != out["caption"][3]
+    assert out.caption[0] != out.caption[3]
     # Greedy decoding: the same input gives the same caption, alone or in a batch.
-    alone = caption_images(spec, images.iloc[[3]])
-    assert alone["caption"].tolist() == [out["caption"][3]]
+    alone = caption_images(spec, images[3:])
+    assert alone.caption == [out.caption[3]]
 
 
 class _OomAboveOne(TransformersCaptioner):
@@ -163,12 +160,12 @@ def test_out_of_memory_halves_the_batch_until_it_fits(tiny_model):
     spec = _spec(tiny_model, batch_size=4)
     cap = _OomAboveOne(spec, "cpu")
     cap.calls = []
-    images = pd.Series([_photo_jpeg(n) for n in PHOTOS[:5]])
+    images = [_photo_jpeg(n) for n in PHOTOS[:5]]
     out = caption_images(spec, images, cap)
-    assert out["status"].tolist() == ["ok"] * 5
+    assert out.status == ["ok"] * 5
     assert cap.calls == [4, 2, 1, 1, 1, 1, 1] and cap.batch_limit == 1
     reference = caption_images(spec, images)  # a captioner without the limit
-    assert out["caption"].tolist() == reference["caption"].tolist()
+    assert out.caption == reference.caption
 
 
 class _FailsOnTinyImages(TransformersCaptioner):
@@ -184,10 +181,10 @@ def test_a_failing_row_is_isolated_and_the_others_are_captioned(tiny_model):
     spec = _spec(tiny_model, batch_size=4, min_pixels=28 * 28)
     tiny = io.BytesIO()
     Image.new("RGB", (28, 28), (9, 9, 9)).save(tiny, format="PNG")
-    images = pd.Series([_photo_jpeg("astronaut"), tiny.getvalue(), _photo_jpeg("rocket")])
+    images = [_photo_jpeg("astronaut"), tiny.getvalue(), _photo_jpeg("rocket")]
     out = caption_images(spec, images, _FailsOnTinyImages(spec, "cpu"))
-    assert out["status"].tolist() == ["ok", "failed", "ok"]
-    assert out["error"][1] == "RuntimeError: shape mismatch in the vision tower"
+    assert out.status == ["ok", "failed", "ok"]
+    assert out.error[1] == "RuntimeError: shape mismatch in the vision tower"
 
 
 def test_a_hub_id_is_refused_offline(tiny_model):
@@ -280,7 +277,8 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
             assert 1 <= row["caption_a_tokens"] <= 16
     # The model loaded once per Python worker, not once per batch.
     assert res.workers and all(w["model_loads"] == 1 for w in res.workers.values())
-    assert sum(w["batches"] for w in res.workers.values()) > len(res.workers)
+    assert res.batches == sum(w["batches"] for w in res.workers.values()) > len(res.workers)
+    assert res.image_tokens > 0 and 0 <= res.padding_share < 1
 
     # A rerun finds nothing to do and commits nothing.
     again = caption(spark, cfg, "a")
@@ -298,8 +296,9 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
     assert now["id_rocket"]["caption_a_at"] > got["id_rocket"]["caption_a_at"]
     assert {k: v for k, v in now.items() if k != "id_rocket"} == {
         k: v for k, v in got.items() if k != "id_rocket"}
-    # Same model in the same workers: no new load for another run.
-    assert all(w["model_loads"] == 1 for w in retry.workers.values())
+    # Same model in the caption pool's workers: at most one load per worker (none while
+    # the workers Spark keeps idle for a minute are still alive).
+    assert all(w["model_loads"] <= 1 for w in retry.workers.values())
 
     # A second version coexists with the first; its `where` picks the rows.
     res_b = caption(spark, cfg, "b")
@@ -401,5 +400,5 @@ def test_tiny_model_captions_in_bf16_on_a_gpu(tiny_model):
     spec = _spec(tiny_model, device="cuda", dtype="auto")
     cap = get_captioner(spec, device="cuda:0")
     assert cap.model.dtype == torch.bfloat16
-    out = caption_images(spec, pd.Series([_photo_jpeg(n) for n in PHOTOS[:3]]), cap)
-    assert out["status"].tolist() == ["ok"] * 3
+    out = caption_images(spec, [_photo_jpeg(n) for n in PHOTOS[:3]], cap)
+    assert out.status == ["ok"] * 3
