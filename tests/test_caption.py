@@ -47,11 +47,17 @@ def _photo_jpeg(name: str, side: int = 96) -> bytes:
     return buf.getvalue()
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
+def shared_tiny_model(tmp_path_factory) -> str:
+    """The smoke-test model, built once per test session into one folder that every
+    caption test module's `tiny_model` fixture returns."""
     from etl.tiny_vlm import ensure_tiny_vlm
 
-    return str(ensure_tiny_vlm(tmp_path_factory.mktemp("models")))
+    return str(ensure_tiny_vlm(tmp_path_factory.getbasetemp() / "caption-models"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return shared_tiny_model(tmp_path_factory)
 
 
 def _spec(model: str, **kw) -> CaptionSpec:
