@@ -33,6 +33,7 @@ from udfs.caption import (  # noqa: E402
     caption_images,
     load_image,
 )
+from udfs.captioner import plan_batches  # noqa: E402
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "immunohistochemistry")
 
@@ -146,6 +147,63 @@ def test_caption_images_real_model_bad_rows_and_image_conditioning(tiny_model):
     # Greedy decoding: the same input gives the same caption, alone or in a batch.
     alone = caption_images(spec, images[3:])
     assert alone.caption == [out.caption[3]]
+
+
+def test_plan_batches_groups_by_size_within_count_and_token_budget():
+    tokens = [4, 16, 6, 12, 16, 1]
+    assert plan_batches(tokens, 2) == [[1, 4], [3, 2], [0, 5]]  # largest first
+    assert plan_batches(tokens, 2, by_size=False) == [[0, 1], [2, 3], [4, 5]]
+    # At most 3 images and 24 padded tokens (size x largest): 16+16 is 32, 12+6 is 24.
+    assert plan_batches(tokens, 3, 24) == [[1], [4], [3, 2], [0, 5]]
+    assert plan_batches([30, 2], 4, 24) == [[0], [1]]  # over the budget: alone
+    assert plan_batches([], 4) == []
+
+
+def _image_tokens(model: str, data: bytes, spec: CaptionSpec) -> int:
+    """Image tokens of one image, counted in the processor's own output."""
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(model)
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    ids = proc(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[img],
+               min_pixels=spec.settings.min_pixels, max_pixels=spec.settings.max_pixels,
+               return_tensors="pt")["input_ids"][0]
+    return int((ids == proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum())
+
+
+def test_size_grouped_batches_pad_less_and_rows_keep_their_order(tiny_model):
+    # Small, large, small, large: table order pairs each small image with a large one.
+    images = [_photo_jpeg(n, side) for n, side in
+              (("astronaut", 40), ("chelsea", 128), ("coffee", 64), ("rocket", 112))]
+    spec = _spec(tiny_model, batch_size=2, min_pixels=28 * 28, max_pixels=200 * 200)
+    tokens = [_image_tokens(tiny_model, b, spec) for b in images]
+    assert len(set(tokens)) == 4, tokens
+
+    grouped = caption_images(spec, images)
+    in_order = caption_images(spec, images, by_size=False)
+    assert grouped.status == in_order.status == ["ok"] * 4
+    assert grouped.image_tokens == in_order.image_tokens == tokens
+    # Expected padding: each batch pads its rows to its largest image.
+    big, small = sorted(range(4), key=lambda i: -tokens[i])[:2], sorted(
+        range(4), key=lambda i: -tokens[i])[2:]
+    want_grouped = sum(max(tokens[i] for i in b) - tokens[i] for b in (big, small) for i in b)
+    want_in_order = sum(max(tokens[i] for i in b) - tokens[i] for b in ([0, 1], [2, 3])
+                        for i in b)
+    assert sum(grouped.padding) == want_grouped < sum(in_order.padding) == want_in_order
+    assert grouped.padding_share == pytest.approx(want_grouped / (want_grouped + sum(tokens)))
+    assert grouped.batch[big[0]] == grouped.batch[big[1]] != grouped.batch[small[0]]
+    # Row order is restored: each row has the caption its image gets alone.
+    assert grouped.caption == [caption_images(spec, [b]).caption[0] for b in images]
+
+    # A token budget as well as a count: no batch of two holds more padded tokens.
+    budget = sorted(tokens)[-1] + sorted(tokens)[0]
+    capped = caption_images(_spec(tiny_model, batch_size=4, min_pixels=28 * 28,
+                                  max_pixels=200 * 200, batch_tokens=budget), images)
+    batches: dict[int, list[int]] = {}
+    for i, b in enumerate(capped.batch):
+        batches.setdefault(b, []).append(tokens[i])
+    assert all(len(b) == 1 or len(b) * max(b) <= budget for b in batches.values())
+    assert len(batches) > 1 and capped.caption == grouped.caption
 
 
 class _OomAboveOne(TransformersCaptioner):
