@@ -178,23 +178,41 @@ def _gpu_share(spark: SparkSession, v: CaptionVersionConfig) -> float:
     return float(amount)
 
 
-def _worker_stats(out) -> tuple[dict, dict, int, int]:
-    """Per worker and per executor: tasks, model loads (done in this run), generate()
-    calls and devices, from the rows' provenance columns; plus tasks and calls in all."""
-    per_task = (
-        out.groupBy("_worker", "_task")
-        .agg(F.max("_loads").alias("loads"), F.first("_executor").alias("executor"),
-             F.max("_device").alias("device"), F.collect_set("_batch").alias("batches"))
+def _run_stats(out, status_col: str, flags_col: str, tokens_col: str) -> dict:
+    """Everything the summary reports, in one Spark job over the captioned rows:
+    statuses, flags, tokens and padding; per worker and per executor, tasks, model loads
+    (done in this run) and generate() calls."""
+    groups = (
+        out.groupBy("_worker", "_executor", "_task", status_col, flags_col)
+        .agg(F.count(F.lit(1)).alias("rows"), F.sum(tokens_col).alias("tokens"),
+             F.sum("_image_tokens").alias("image_tokens"), F.sum("_padding").alias("padding"),
+             F.max("_loads").alias("loads"), F.max("_device").alias("device"),
+             F.min("_batch").alias("first"), F.max("_batch").alias("last"))
         .collect()
     )
+    statuses: dict[str, int] = {}
+    flags: dict[str, int] = {}
+    tasks: dict[tuple, dict] = {}
+    for g in groups:
+        statuses[g[status_col]] = statuses.get(g[status_col], 0) + g["rows"]
+        for f in filter(None, (g[flags_col] or "").split(",")):
+            flags[f] = flags.get(f, 0) + g["rows"]
+        t = tasks.setdefault((g["_worker"], g["_task"]), {
+            "executor": g["_executor"], "device": None, "loads": 0, "first": None,
+            "last": None})
+        t["loads"] = max(t["loads"], g["loads"])
+        t["device"] = t["device"] or g["device"]
+        if g["first"] is not None:  # a task's generate() calls are numbered consecutively
+            t["first"] = g["first"] if t["first"] is None else min(t["first"], g["first"])
+            t["last"] = g["last"] if t["last"] is None else max(t["last"], g["last"])
     workers: dict[str, dict] = {}
-    for r in per_task:
-        w = workers.setdefault(r["_worker"], {"executor": r["executor"], "device": None,
-                                              "tasks": 0, "model_loads": 0, "batches": 0})
+    for (worker, _), t in sorted(tasks.items()):
+        w = workers.setdefault(worker, {"executor": t["executor"], "device": None,
+                                        "tasks": 0, "model_loads": 0, "batches": 0})
         w["tasks"] += 1
-        w["model_loads"] += r["loads"]
-        w["batches"] += len(r["batches"])
-        w["device"] = w["device"] or r["device"]
+        w["model_loads"] += t["loads"]
+        w["batches"] += t["last"] - t["first"] + 1 if t["first"] is not None else 0
+        w["device"] = w["device"] or t["device"]
     executors: dict[str, dict] = {}
     for w in workers.values():
         e = executors.setdefault(w["executor"], {"workers": 0, "model_loads": 0, "devices": []})
@@ -202,8 +220,14 @@ def _worker_stats(out) -> tuple[dict, dict, int, int]:
         e["model_loads"] += w["model_loads"]
         if w["device"] and w["device"] not in e["devices"]:
             e["devices"].append(w["device"])
-    return (dict(sorted(workers.items())), dict(sorted(executors.items())), len(per_task),
-            sum(w["batches"] for w in workers.values()))
+    return {
+        "statuses": dict(sorted(statuses.items())), "flags": dict(sorted(flags.items())),
+        "workers": workers, "executors": dict(sorted(executors.items())),
+        "tasks": len(tasks), "batches": sum(w["batches"] for w in workers.values()),
+        "model_loads": sum(w["model_loads"] for w in workers.values()),
+        **{k: sum(int(g[k] or 0) for g in groups) for k in ("tokens", "image_tokens",
+                                                             "padding")},
+    }
 
 
 def caption(
@@ -271,40 +295,17 @@ def caption(
         )
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    status_col, flags_col = f"{v.column}_status", f"{v.column}_flags"
-    sums = {
-        r[0]: r[1:]
-        for r in out.groupBy(status_col).agg(
-            F.count(F.lit(1)), F.sum(f"{v.column}_tokens"), F.sum("_image_tokens"),
-            F.sum("_padding")).collect()
-    }
-    statuses = {k: n for k, (n, *_rest) in sums.items()}
-    tokens, image_tokens, padding = (
-        sum(int(row[i] or 0) for row in sums.values()) for i in (1, 2, 3))
-    flags = {
-        r[0]: r[1]
-        for r in out.select(F.explode(F.split(flags_col, ",")).alias("f"))
-        .where("f != ''").groupBy("f").count().collect()
-    }
-    workers, executors, tasks, batches = _worker_stats(out)
+    stats = _run_stats(out, f"{v.column}_status", f"{v.column}_flags", f"{v.column}_tokens")
     sc.setJobDescription(f"lakeshard caption {v.name}: write columns")
     written = write_columns(spark, plan.table_path, out.select(*keys, *cols))
     sc.setJobDescription(None)
     out.unpersist()
+    padding, image_tokens = stats["padding"], stats["image_tokens"]
     return CaptionResult(
         **base,
         version_after=written.version,
         captioned=written.rows,
-        statuses=dict(sorted(statuses.items())),
-        flags=dict(sorted(flags.items())),
-        workers=workers,
-        executors=executors,
-        model_loads=sum(w["model_loads"] for w in workers.values()),
-        tasks=tasks,
-        batches=batches,
-        tokens=tokens,
-        image_tokens=image_tokens,
-        padding=padding,
+        **stats,
         padding_share=padding / (padding + image_tokens) if padding + image_tokens else 0.0,
         worker_reuse=reuse,
         seconds=time.perf_counter() - t0,
