@@ -159,11 +159,8 @@ def test_plan_batches_groups_by_size_within_count_and_token_budget():
     assert plan_batches([], 4) == []
 
 
-def _image_tokens(model: str, data: bytes, spec: CaptionSpec) -> int:
+def _image_tokens(proc, data: bytes, spec: CaptionSpec) -> int:
     """Image tokens of one image, counted in the processor's own output."""
-    from transformers import AutoProcessor
-
-    proc = AutoProcessor.from_pretrained(model)
     img = Image.open(io.BytesIO(data)).convert("RGB")
     ids = proc(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[img],
                min_pixels=spec.settings.min_pixels, max_pixels=spec.settings.max_pixels,
@@ -176,7 +173,10 @@ def test_size_grouped_batches_pad_less_and_rows_keep_their_order(tiny_model):
     images = [_photo_jpeg(n, side) for n, side in
               (("astronaut", 40), ("chelsea", 128), ("coffee", 64), ("rocket", 112))]
     spec = _spec(tiny_model, batch_size=2, min_pixels=28 * 28, max_pixels=200 * 200)
-    tokens = [_image_tokens(tiny_model, b, spec) for b in images]
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(tiny_model)
+    tokens = [_image_tokens(proc, b, spec) for b in images]
     assert len(set(tokens)) == 4, tokens
 
     grouped = caption_images(spec, images)
@@ -287,6 +287,57 @@ def _rows(path: str, columns: list[str]) -> dict[str, dict]:
     return {r.pop("sample_id"): r for r in t}
 
 
+def test_cli_caption_errors_and_no_op(tmp_path, tiny_model, spark, capsys):
+    """Errors before Spark (subprocesses: the exit codes); a run with nothing to do
+    in-process, on the shared session."""
+    from etl.columns import caption_columns
+    from etl.writers.lance_columns import write_columns
+
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps({
+        "storage": {"root": str(tmp_path / "root")},
+        "spark": {"master": "local[1]", "jars_dir": str(REPO / ".jars")},
+        "sources": [{"name": "s", "kind": "image_folder", "path": str(tmp_path)}],
+        "caption": {"versions": {"a": {"model": tiny_model}}},
+    }))
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "etl.cli", "--conf", str(conf), "caption"]
+    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
+    assert run.returncode == 2 and "run `lakeshard curate` first" in run.stderr
+
+    bad = subprocess.run(cmd + ["--version", "nope"], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert bad.returncode == 2 and "caption.versions: no version named 'nope'" in bad.stderr
+
+    # A table where every row already has version `a` (status ok): nothing to do, no
+    # Spark job, no new table version.
+    from etl.cli import main
+    from etl.config import load_config
+    from etl.jobs.caption import caption_spec
+
+    cfg = load_config(conf)
+    spec = caption_spec(cfg, cfg.caption.version("a"))
+    path = tables.layout(cfg).curated
+    _curated(spark, path, corrupt_id="id_camera")
+    cols = caption_columns("a")
+    values = {"caption_a": "x", "caption_a_status": "ok", "caption_a_model": tiny_model,
+              "caption_a_prompt_sha256": spec.settings.prompt_sha256,
+              "caption_a_params": spec.settings.params_json()}
+    done = spark.createDataFrame(
+        [(f"id_{n}", *values.values()) for n in PHOTOS],
+        "sample_id string, " + ", ".join(f"{c} {cols[c]}" for c in values),
+    )
+    write_columns(spark, path, done)
+    version = lance.dataset(path).version
+    capsys.readouterr()
+    assert main(["--conf", str(conf), "caption"]) == 0
+    out = capsys.readouterr().out
+    assert "rows to caption   : 0 of 6" in out and "nothing to do" in out
+    assert "model loads" not in out and lance.dataset(path).version == version
+    report = out.split("report            : ")[1].strip()
+    assert json.loads(Path(report).read_text())["todo"] == 0
+
+
 @pytest.mark.slow
 def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
     spark, tmp_path, tiny_model
@@ -392,51 +443,6 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
         "batch_size": 2, "min_pixels": 784, "max_pixels": 6272}}})
     with pytest.raises(ConfigError, match="caption.versions.a: caption_a already holds"):
         caption(spark, changed, "a")
-
-
-def test_cli_caption_no_op_and_errors_without_spark(tmp_path, tiny_model, spark):
-    from etl.columns import caption_columns
-    from etl.writers.lance_columns import write_columns
-
-    conf = tmp_path / "c.yaml"
-    conf.write_text(json.dumps({
-        "storage": {"root": str(tmp_path / "root")},
-        "spark": {"master": "local[1]", "jars_dir": str(REPO / ".jars")},
-        "sources": [{"name": "s", "kind": "image_folder", "path": str(tmp_path)}],
-        "caption": {"versions": {"a": {"model": tiny_model}}},
-    }))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "etl.cli", "--conf", str(conf), "caption"]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert run.returncode == 2 and "run `lakeshard curate` first" in run.stderr
-
-    bad = subprocess.run(cmd + ["--version", "nope"], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert bad.returncode == 2 and "caption.versions: no version named 'nope'" in bad.stderr
-
-    # A table where every row already has version `a` (status ok): nothing to do, and
-    # the CLI says so without starting Spark.
-    from etl.config import load_config
-    from etl.jobs.caption import caption_spec
-
-    cfg = load_config(conf)
-    spec = caption_spec(cfg, cfg.caption.version("a"))
-    path = tables.layout(cfg).curated
-    _curated(spark, path, corrupt_id="id_camera")
-    cols = caption_columns("a")
-    values = {"caption_a": "x", "caption_a_status": "ok", "caption_a_model": tiny_model,
-              "caption_a_prompt_sha256": spec.settings.prompt_sha256,
-              "caption_a_params": spec.settings.params_json()}
-    done = spark.createDataFrame(
-        [(f"id_{n}", *values.values()) for n in PHOTOS],
-        "sample_id string, " + ", ".join(f"{c} {cols[c]}" for c in values),
-    )
-    write_columns(spark, path, done)
-    version = lance.dataset(path).version
-    ok = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert ok.returncode == 0, ok.stderr
-    assert "rows to caption   : 0 of 6" in ok.stdout and "nothing to do" in ok.stdout
-    assert "SparkContext" not in ok.stderr and lance.dataset(path).version == version
 
 
 def test_cluster_templates_schedule_gpus_from_config():

@@ -1,9 +1,11 @@
 """`bench/caption_throughput.py --bare` runs where only torch, transformers, Pillow and
 numpy are installed: no pyspark, pydantic, pandas, pyarrow, pylance or scikit-image, no
-project install. (torchvision stays visible: transformers 4.57 loads Qwen2.5-VL's
-processor only with it -- its video processor imports it -- so any box running these
-models through transformers has it, installed with torch.) A subprocess hides those packages from the import system (as if they
-were not installed) and runs the bare bench end to end with the tiny model on CPU."""
+project install. A subprocess hides those packages from the import system (as if they
+were not installed) and runs the bare bench end to end with the tiny model on CPU.
+
+torchvision stays visible: transformers 4.57 loads Qwen2.5-VL's processor only with it
+(its video processor imports it), so any box running these models through transformers
+has it, installed with torch."""
 
 from __future__ import annotations
 
