@@ -15,8 +15,6 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import hashlib  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import lance  # noqa: E402
@@ -288,8 +286,9 @@ def _rows(path: str, columns: list[str]) -> dict[str, dict]:
 
 
 def test_cli_caption_errors_and_no_op(tmp_path, tiny_model, spark, capsys):
-    """Errors before Spark (subprocesses: the exit codes); a run with nothing to do
-    in-process, on the shared session."""
+    """`lakeshard caption` (the CLI's `main`, in-process on the shared session): errors
+    before any Spark work with exit code 2, then a run with nothing to do."""
+    from etl.cli import main
     from etl.columns import caption_columns
     from etl.writers.lance_columns import write_columns
 
@@ -300,18 +299,13 @@ def test_cli_caption_errors_and_no_op(tmp_path, tiny_model, spark, capsys):
         "sources": [{"name": "s", "kind": "image_folder", "path": str(tmp_path)}],
         "caption": {"versions": {"a": {"model": tiny_model}}},
     }))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "etl.cli", "--conf", str(conf), "caption"]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert run.returncode == 2 and "run `lakeshard curate` first" in run.stderr
-
-    bad = subprocess.run(cmd + ["--version", "nope"], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert bad.returncode == 2 and "caption.versions: no version named 'nope'" in bad.stderr
+    cmd = ["--conf", str(conf), "caption"]
+    assert main(cmd) == 2 and "run `lakeshard curate` first" in capsys.readouterr().err
+    assert main([*cmd, "--version", "nope"]) == 2
+    assert "caption.versions: no version named 'nope'" in capsys.readouterr().err
 
     # A table where every row already has version `a` (status ok): nothing to do, no
     # Spark job, no new table version.
-    from etl.cli import main
     from etl.config import load_config
     from etl.jobs.caption import caption_spec
 
@@ -330,7 +324,7 @@ def test_cli_caption_errors_and_no_op(tmp_path, tiny_model, spark, capsys):
     write_columns(spark, path, done)
     version = lance.dataset(path).version
     capsys.readouterr()
-    assert main(["--conf", str(conf), "caption"]) == 0
+    assert main(cmd) == 0
     out = capsys.readouterr().out
     assert "rows to caption   : 0 of 6" in out and "nothing to do" in out
     assert "model loads" not in out and lance.dataset(path).version == version
