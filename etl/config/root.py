@@ -10,7 +10,13 @@ from etl.config.base import FieldError, Section, keyed
 from etl.config.curation import DedupConfig, ExportConfig, LakehouseConfig
 from etl.config.images import FetchConfig, PrepareConfig
 from etl.config.inference import CaptionConfig, LatentsConfig
-from etl.config.runtime import RunConfig, SourceConfig, SparkConfig, StorageConfig
+from etl.config.runtime import (
+    S3_SCHEMES,
+    RunConfig,
+    SourceConfig,
+    SparkConfig,
+    StorageConfig,
+)
 from etl.errors import ConfigError
 
 __all__ = ["Config"]
@@ -65,12 +71,14 @@ class Config(Section):
                         f"{name!r} is not an encoder under latents.encoders "
                         f"(configured: {known})",
                     )
-        if self.run.lock and self.run.lock_path is None and self.storage.is_remote:
+        if (self.run.lock and self.run.lock_path is None and self.storage.is_remote
+                and self.storage.scheme not in S3_SCHEMES):
             raise FieldError(
                 "run.lock_path",
-                "storage.root is an object store, so the run lock needs a POSIX path every "
-                "driver sees (or `run.lock: false` when the scheduler alone prevents "
-                "overlapping runs)",
+                f"storage.root is on {self.storage.scheme}://, where lakeshard has no "
+                "object-store lock (it has one on s3://): give a POSIX path every driver "
+                "sees, an s3:// lock, or `run.lock: false` when the scheduler alone prevents "
+                "overlapping runs",
             )
         return self
 
