@@ -120,29 +120,35 @@ def test_heartbeat_advances_and_stops_once_taken_over(s3, url):
     RunLock(url, "cleanup", stale_after_s=1).acquire().release()
 
 
+def _race(url: str, n: int) -> tuple[list[RunLock], list[int], list[Exception]]:
+    """`n` runs (threads, each its own lock and S3 client) acquire at one barrier."""
+    barrier = threading.Barrier(n)
+    won, refused, errors = [], [], []
+
+    def contend(i: int) -> None:
+        lock = RunLock(url, f"run-{i}")
+        barrier.wait()
+        try:
+            lock.acquire()
+            won.append(lock)
+        except RunLockedError:
+            refused.append(i)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=contend, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return won, refused, errors
+
+
 def test_racing_runs_cannot_both_win(s3, url):
-    """Eight runs (threads, each its own lock and client) start at one barrier, six
-    times over: every round exactly one holds the lock, the rest are refused."""
+    """Eight runs start at one barrier, six times over: every round exactly one holds
+    the lock, the rest are refused."""
     for _ in range(6):
-        barrier = threading.Barrier(8)
-        won, refused, errors = [], [], []
-
-        def contend(i: int) -> None:
-            lock = RunLock(url, f"run-{i}")
-            barrier.wait()
-            try:
-                lock.acquire()
-                won.append(lock)
-            except RunLockedError:
-                refused.append(i)
-            except Exception as exc:  # noqa: BLE001
-                errors.append(exc)
-
-        threads = [threading.Thread(target=contend, args=(i,)) for i in range(8)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        won, refused, errors = _race(url, 8)
         assert not errors and len(won) == 1 and len(refused) == 7
         assert _body(s3, url)["run_id"] == won[0].run_id
         won[0].release()
