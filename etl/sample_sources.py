@@ -2,8 +2,9 @@
 
 Built on first run from real photos that scikit-image ships inside its wheel (read
 from the installed package; nothing is downloaded), on local disk -- also when
-``storage.root`` is on an object store: they are inputs, read by a local Spark: an image folder with sidecar
-captions and a parquet file with embedded image bytes and alt text. Each sample also
+``storage.root`` is on an object store (they are inputs, read by a local Spark): an
+image folder with sidecar captions and a parquet file with embedded image bytes and
+alt text. Each sample also
 carries a few bad records, so a first run shows how rejects are reported.
 """
 
