@@ -199,11 +199,11 @@ def _rebuild_empty_lists(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _exists(path: str) -> bool:
-    try:
-        _dataset(path)
-        return True
-    except (ValueError, OSError, FileNotFoundError):
-        return False
+    # Not "any error means absent": on object storage an unreachable store would turn
+    # this Append into an Overwrite. lance_exists raises, naming the table.
+    from etl.tables import lance_exists
+
+    return lance_exists(path)
 
 
 class LanceDataSource(DataSource):
