@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
@@ -33,6 +32,7 @@ from etl.runtime.stage import RunContext, StageResult
 from etl.tiny_vlm import TINY_MODEL, ensure_tiny_vlm
 from etl.writers.lance import FRAGMENT_ID, ROW_ADDRESS
 from etl.writers.lance_columns import write_columns
+from etl.writers.remote import write_file
 from udfs.caption import CaptionSpec, caption_mapper, output_schema
 from udfs.worker import GPU_SCHEDULING, python_worker_pool
 
@@ -53,13 +53,19 @@ log = logging.getLogger(__name__)
 
 def caption_spec(cfg: Config, v: CaptionVersionConfig) -> CaptionSpec:
     """The executor-side spec: the version's settings and where its model is (on first
-    use the smoke-test model is built)."""
+    use the smoke-test model is built, into the local cache folder -- never under the
+    root, which may be an object store the model could not load from)."""
     where = f"caption.versions.{v.name}"
     model, local = v.model, False
     if v.model == TINY_MODEL:
-        if cfg.storage.is_remote:
-            raise ConfigError(f"{where}.model: {TINY_MODEL} needs a local storage.root")
-        model, local = str(ensure_tiny_vlm(Path(cfg.storage.root, "models"))), True
+        models = Path(cfg.storage.local_cache, "models")
+        try:
+            model, local = str(ensure_tiny_vlm(models)), True
+        except OSError as exc:
+            raise ConfigError(
+                f"{where}.model: could not build {TINY_MODEL} in {models} ({exc}); set "
+                "storage.cache_dir to a writable local folder"
+            ) from None
     elif Path(v.model).expanduser().exists():
         model, local = str(Path(v.model).expanduser().resolve()), True
     elif v.model.startswith(("/", ".", "~")):
@@ -367,15 +373,12 @@ def format_caption(r: CaptionResult) -> str:
 
 
 def write_caption_report(cfg: Config, r: CaptionResult) -> str | None:
-    """``<root>/reports/caption-<version>-<time>/summary.json`` (local roots only)."""
-    if cfg.storage.is_remote:
-        return None
+    """``<root>/reports/caption-<version>-<time>/summary.json``, on a local root or an
+    object store alike; returns its path."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = tables.layout(cfg).report_dir(f"caption-{r.version}-{stamp}")
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "summary.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(asdict(r), f, indent=2)
+    path = f"{out_dir}/summary.json"
+    write_file(path, json.dumps(asdict(r), indent=2).encode())
     return path
 
 
