@@ -25,11 +25,12 @@ from etl import tables
 from etl.config import Config
 from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.runtime.faults import fault_point
-from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.schema import UPSTREAM_COLUMNS
 from etl.sources import adapter_for, finish_ingest
 from etl.transforms.accounting import SourceCounts, accounting_rows, source_counts
 from etl.transforms.bronze import (
+    known_fingerprint,
     manifest_rows,
     mark_duplicate_keys,
     mark_unchanged,
@@ -38,6 +39,7 @@ from etl.transforms.bronze import (
 from etl.transforms.fetch import fetch_images
 from etl.transforms.prepare import (
     accepted_rows,
+    failure_examples,
     outcome_counts,
     prepare_images,
     rejected_rows,
@@ -59,6 +61,8 @@ class CurateResult:
     manifest_path: str
     accounting_path: str
     counts: tuple[SourceCounts, ...]
+    # A few failed records (internal errors first), for the failure budgets' messages.
+    examples: tuple[str, ...] = ()
 
 
 def list_sources(spark: SparkSession, cfg: Config,
@@ -86,7 +90,7 @@ def _skipped_containers(cfg: Config, manifest: DataFrame | None
             continue
         known = (
             manifest.where(F.col("source") == s.name)
-            .groupBy("source_uri", "fingerprint").count().collect()
+            .groupBy("source_uri", known_fingerprint()).count().collect()
         )
         skip[s.name], counts[s.name] = unchanged_containers(listed, known)
     return skip, counts
@@ -138,7 +142,9 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
     outcome = outcome_counts(prepared).persist()
-    counts = source_counts(outcome.collect(), [s.name for s in cfg.sources], unchanged)
+    outcome_rows = outcome.collect()
+    counts = source_counts(outcome_rows, [s.name for s in cfg.sources], unchanged)
+    examples = failure_examples(outcome_rows, cfg.run.budgets.examples)
     fault_point("curate:prepared")
 
     # write curated
@@ -180,7 +186,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     if replaced:
         log.info("curate: replaced %d curated rows of changed records", replaced)
     return CurateResult(paths.curated, ds.version, ds.count_rows(), paths.rejects,
-                        paths.manifest, paths.accounting, counts)
+                        paths.manifest, paths.accounting, counts, examples=examples)
 
 
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
@@ -197,8 +203,14 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
             outputs[f"rejected:{reason}"] = outputs.get(f"rejected:{reason}", 0) + n
         for reason, n in c.filtered.items():
             outputs[f"flagged:{reason}"] = outputs.get(f"flagged:{reason}", 0) + n
+    errors = sum(c.internal_errors for c in cur.counts)
+    if errors:
+        outputs["internal_error"] = errors
+    tally = RowTally(rows=inputs["seen"], ok=outputs["accepted"], failed=outputs["rejected"],
+                     internal_errors=errors, examples=cur.examples, failed_label="rejected")
     versions = {"lance:curated": cur.curated_version}
     rejects_version = tables.delta_version(spark, cur.rejects_path)
     if rejects_version is not None:
         versions["delta:rejects"] = rejects_version
-    return StageResult(inputs=inputs, outputs=outputs, table_versions=versions, detail=cur)
+    return StageResult(inputs=inputs, outputs=outputs, table_versions=versions, tally=tally,
+                       detail=cur)

@@ -4,8 +4,9 @@ a run records. The curate job reads and writes; these functions only decide.
 
 A record is *unchanged* when its ``sample_id`` is in the manifest with the same
 fingerprint (file size + mtime for folders and tars; null for tables, which are keyed)
-and its last outcome was not a transient failure (timeout, connection, DNS, 429, 5xx),
-which the next run retries. A tar shard whose every manifest record carries the shard's
+and its last outcome was not a transient failure (timeout, connection, DNS, 429, 5xx)
+or an internal error (lakeshard's own code failed on it), which the next run
+retries. A tar shard whose every manifest record carries the shard's
 current fingerprint is not even opened.
 """
 
@@ -19,9 +20,11 @@ from pyspark.sql import functions as F
 
 from etl.schema import MANIFEST_SCHEMA
 from udfs.fetch import TRANSIENT_STATUSES
+from udfs.images import INTERNAL_ERROR
 
 __all__ = [
     "unchanged_containers",
+    "known_fingerprint",
     "mark_unchanged",
     "mark_duplicate_keys",
     "manifest_rows",
@@ -42,9 +45,15 @@ def unchanged_containers(listed: Mapping[str, str], known: Sequence[Mapping]
 
 
 def _is_retry(manifest_status: Column, reason: Column) -> Column:
-    return (manifest_status == "rejected") & reason.isin(*TRANSIENT_STATUSES) | (
-        reason.startswith("http_5")
-    )
+    retried = reason.isin(*TRANSIENT_STATUSES, INTERNAL_ERROR)
+    return (manifest_status == "rejected") & retried | reason.startswith("http_5")
+
+
+def known_fingerprint() -> Column:
+    """A manifest row's fingerprint as the skip decision sees it: null for a record the
+    next run retries, so a container (tar shard) holding one is opened again."""
+    return (F.when(_is_retry(F.col("status"), F.col("reason")), F.lit(None))
+            .otherwise(F.col("fingerprint")).alias("fingerprint"))
 
 
 def mark_unchanged(listed: DataFrame, manifest: DataFrame | None) -> DataFrame:
