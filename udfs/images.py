@@ -7,8 +7,8 @@ empty, oversized, bomb-sized, truncated or non-image input returns ``status =
 False`` and a ``filter_reason`` -- nothing is deleted for a quality opinion.
 
 Bad data and our own failures are kept apart. An exception is a data failure only when
-Pillow raised it reading the bytes (one of :data:`_DATA_ERRORS`, raised inside Pillow's
-code). Anything else -- an exception raised in this module, numpy, a broken library
+Pillow raised it reading the bytes (one of :data:`PILLOW_DATA_ERRORS`, raised inside
+Pillow's code). Anything else -- an exception raised in this module, numpy, a broken library
 upgrade -- propagates out of :func:`prepare_image`; the batch loop turns it into
 ``status = "error"``, ``reason = "internal_error"`` with the exception's type, message
 and where it was raised in ``detail``. Internal errors are counted apart from rejects
@@ -41,6 +41,8 @@ __all__ = [
     "PREPARED_TYPE",
     "STATUSES",
     "INTERNAL_ERROR",
+    "PILLOW_DATA_ERRORS",
+    "raised_by_pillow",
     "REJECT_REASONS",
     "FILTER_REASONS",
     "FLAGS",
@@ -56,7 +58,7 @@ STATUSES = ("ok", "rejected", "error")
 REJECT_REASONS = ("empty", "too_large_bytes", "too_many_pixels", "truncated", "undecodable")
 INTERNAL_ERROR = "internal_error"
 # What Pillow raises for bytes it cannot read -- data failures when Pillow raised them.
-_DATA_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError)
+PILLOW_DATA_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError)
 FILTER_REASONS = ("too_small", "extreme_aspect")
 # What a flag in `flags` means:
 #   has_alpha     transparency composited on white      multi_frame  animation/pages: frame 0
@@ -128,7 +130,9 @@ def _raised_in(exc: BaseException) -> traceback.FrameSummary | None:
     return frames[-1] if frames else None
 
 
-def _raised_by_pillow(exc: BaseException) -> bool:
+def raised_by_pillow(exc: BaseException) -> bool:
+    """Whether `exc` was raised inside Pillow: with a type of :data:`PILLOW_DATA_ERRORS`,
+    Pillow failing to read the bytes -- a data failure, not a bug of ours."""
     where = _raised_in(exc)
     return where is not None and where.filename.startswith(_pillow_dir())
 
@@ -188,7 +192,7 @@ def _to_srgb(im, flags: list[str]):
         flags.append("icc_converted")
         return converted
     except (ImageCms.PyCMSError, OSError, ValueError, TypeError) as exc:
-        if not _raised_by_pillow(exc):
+        if not raised_by_pillow(exc):
             raise  # our own bug, not an unusable profile
         flags.append("icc_failed")
         return im
@@ -305,8 +309,8 @@ def prepare_image(data: bytes | None, opts: PrepareConfig) -> PreparedImage:
         return _rejected(
             "undecodable", f"not a recognised image format (starts {data[:8].hex()})", nbytes
         )
-    except _DATA_ERRORS as exc:
-        if not _raised_by_pillow(exc):
+    except PILLOW_DATA_ERRORS as exc:
+        if not raised_by_pillow(exc):
             raise
         reason = "truncated" if "truncated" in str(exc).lower() else "undecodable"
         return _rejected(reason, f"{type(exc).__name__}: {exc}", nbytes)
