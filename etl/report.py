@@ -33,7 +33,7 @@ from PIL import Image
 
 from etl import tables
 from etl.config import Config
-from udfs.images import INTERNAL_ERROR
+from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["write_report", "caption_versions", "dedup_summary", "DedupSummary"]
 

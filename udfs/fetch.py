@@ -34,6 +34,7 @@ from pyspark.sql.functions import pandas_udf
 
 from etl.config import FetchConfig, SourceConfig
 from udfs.fetch_http import FetchResult, RefRules, classify_error, fetch_once
+from udfs.outcomes import INTERNAL_ERROR, internal_detail
 
 __all__ = [
     "FetchResult",
@@ -51,6 +52,8 @@ __all__ = [
 FETCH_STATUSES = (
     "ok", "timeout", "too_large", "dns", "connection", "too_many_redirects",
     "missing_file", "truncated", "bad_url", "error",
+    # An unexpected exception in the fetch code itself, not the reference's fault.
+    INTERNAL_ERROR,
     # URLs strangers wrote: refused before any request, or by the site's own signal.
     "blocked_address", "bad_scheme", "opted_out",
     # Hostile or broken servers.
@@ -184,8 +187,8 @@ def fetch_ref(
         if "::" in ref:  # an fsspec chain ("simplecache::s3://..."): not one object store
             return FetchResult(None, "bad_scheme", "a chained fsspec URL", 0)
         return _fsspec(ref, opts, rng)
-    except Exception as exc:  # noqa: BLE001 - a bug here must not fail the task
-        return FetchResult(None, "error", f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - counted apart and budgeted, not "bad URL"
+        return FetchResult(None, INTERNAL_ERROR, internal_detail(exc))
 
 
 def fetch_many(

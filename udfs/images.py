@@ -33,6 +33,7 @@ from pyspark.sql import types as T
 from pyspark.sql.functions import pandas_udf
 
 from udfs.faults import raise_point
+from udfs.outcomes import INTERNAL_ERROR, internal_detail
 
 if TYPE_CHECKING:
     from etl.config import PrepareConfig
@@ -56,7 +57,6 @@ __all__ = [
 # error: lakeshard's own code (or a library under it) failed on this row: INTERNAL_ERROR.
 STATUSES = ("ok", "rejected", "error")
 REJECT_REASONS = ("empty", "too_large_bytes", "too_many_pixels", "truncated", "undecodable")
-INTERNAL_ERROR = "internal_error"
 # What Pillow raises for bytes it cannot read -- data failures when Pillow raised them.
 PILLOW_DATA_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError)
 FILTER_REASONS = ("too_small", "extreme_aspect")
@@ -138,18 +138,9 @@ def raised_by_pillow(exc: BaseException) -> bool:
 
 
 def _internal_error(exc: BaseException, nbytes: int | None) -> PreparedImage:
-    """An unexpected exception: its type, message and where it was raised (the
-    innermost frame, then the innermost frames of lakeshard's own code)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames[:-1] if os.sep + "udfs" + os.sep in f.filename
-            or os.sep + "etl" + os.sep in f.filename]
-    where = [f"{os.path.basename(f.filename)}:{f.lineno} in {f.name}"
-             for f in [*frames[-1:], *reversed(ours[-2:])]]
-    at = f" (at {' <- '.join(where)})" if where else ""
-    return PreparedImage(
-        status="error", reason=INTERNAL_ERROR,
-        detail=f"{type(exc).__name__}: {exc}"[:400] + at, original_size_bytes=nbytes,
-    )
+    """An unexpected exception: its type, message and where it was raised."""
+    return PreparedImage(status="error", reason=INTERNAL_ERROR, detail=internal_detail(exc),
+                         original_size_bytes=nbytes)
 
 
 def dhash64(im) -> int:

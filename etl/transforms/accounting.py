@@ -15,7 +15,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from etl.schema import ACCOUNTING_SCHEMA
-from udfs.images import INTERNAL_ERROR
+from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["SourceCounts", "source_counts", "accounting_rows"]
 

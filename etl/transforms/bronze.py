@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from etl.schema import MANIFEST_SCHEMA
 from udfs.fetch import TRANSIENT_STATUSES
-from udfs.images import INTERNAL_ERROR
+from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = [
     "unchanged_containers",

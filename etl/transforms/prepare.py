@@ -9,7 +9,8 @@ from pyspark.sql import functions as F
 
 from etl.config import PrepareConfig
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
-from udfs.images import INTERNAL_ERROR, PREPARED_TYPE, prepare_udf
+from udfs.images import PREPARED_TYPE, prepare_udf
+from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["prepare_images", "accepted_rows", "rejected_rows", "outcome_counts",
            "failure_examples"]
