@@ -9,7 +9,9 @@ object-store schemes the source lists in ``url_schemes``, and local paths or
 ``file://`` only with ``allow_local: true``. Everything else is ``bad_scheme``.
 
 Every fetch ends with a status from a small closed set instead of an exception:
-:data:`FETCH_STATUSES` plus ``http_<code>`` (404, 503, ...).
+:data:`FETCH_STATUSES` plus ``http_<code>`` (404, 503, ...). An unexpected exception in
+the fetch code itself is ``internal_error`` (:mod:`udfs.outcomes`): not the reference's
+fault, so it is counted apart, budgeted and retried by the next run.
 
 HTTP(S) is fetched by :mod:`udfs.fetch_http`: the address policy checked on the
 address connected to (every redirect hop too), a deadline per request, header and
