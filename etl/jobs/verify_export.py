@@ -84,10 +84,67 @@ def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 6
         return _verify_local(local, path, loader_workers, loader_samples)
 
 
-def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: int):
+def _in_child(fn, *args):
+    """`fn(*args)` in a fresh (spawned) process.
+
+    ``StreamingDataset`` never releases its shared memory before the process exits: every
+    instance keeps its segments open, and opens (and keeps) every segment of the earlier
+    instances it probes for a free name. A long-lived driver that verifies exports, or a
+    test session, would run out of file descriptors; a child process returns them all
+    when it ends, and its exit removes the segments it created.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Not a multiprocessing.Pool: its workers are daemons, which cannot start the
+    # DataLoader's workers.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _read_back(path: str, splits: list[str], biggest: str, loader_workers: int,
+               loader_samples: int) -> tuple[int, int, list[str]]:
+    """Decode every image through ``StreamingDataset``, then read the largest split
+    through a shuffled multi-worker DataLoader as training does: (images decoded,
+    samples the loader read, problems)."""
+    import torch.utils.data
     from streaming import StreamingDataset
-    from streaming.base.hashing import get_hash
     from streaming.base.util import clean_stale_shared_memory
+
+    decoded, problems = 0, []
+    for split in splits:
+        clean_stale_shared_memory()
+        dataset = StreamingDataset(local=path, split=split or None, shuffle=False, batch_size=1)
+        for i in range(len(dataset)):
+            try:
+                image = dataset[i]["image"]
+                image.load()
+                if image.format != "JPEG":
+                    raise ValueError(f"format {image.format}")
+                decoded += 1
+            except Exception as exc:  # noqa: BLE001 -- every failure is reported, not raised
+                problems.append(f"{split or 'sample'} {i}: image does not decode: {exc}")
+        del dataset
+
+    clean_stale_shared_memory()
+    shuffled = StreamingDataset(
+        local=path, split=biggest or None, shuffle=True, shuffle_seed=1, batch_size=8
+    )
+    loader = torch.utils.data.DataLoader(
+        shuffled, batch_size=8, num_workers=loader_workers, collate_fn=_identity,
+        # Workers start fresh, as training starts them (pylance is not fork-safe).
+        multiprocessing_context="spawn" if loader_workers else None,
+    )
+    loaded = 0
+    for batch in loader:
+        loaded += len(batch)
+        if loaded >= loader_samples:
+            break
+    return decoded, loaded, problems
+
+
+def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: int):
+    from streaming.base.hashing import get_hash
 
     report = VerifyReport(shown)
     try:
@@ -156,38 +213,13 @@ def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: in
         except (ValueError, OSError) as exc:
             report.problems.append(f"cannot read table {table}: {exc}")
 
-    for split in splits:
-        clean_stale_shared_memory()
-        dataset = StreamingDataset(local=path, split=split or None, shuffle=False, batch_size=1)
-        for i in range(len(dataset)):
-            try:
-                image = dataset[i]["image"]
-                image.load()
-                if image.format != "JPEG":
-                    raise ValueError(f"format {image.format}")
-                report.images_decoded += 1
-            except Exception as exc:  # noqa: BLE001 -- every failure is reported, not raised
-                report.problems.append(f"{split or 'sample'} {i}: image does not decode: {exc}")
-        del dataset
-
-    import torch.utils.data
-
-    # The largest split through a shuffled, multi-worker DataLoader, as training reads it.
     biggest = max(splits, key=lambda sp: sum(s["samples"] for s in indexes[sp]["shards"]))
-    clean_stale_shared_memory()
-    shuffled = StreamingDataset(
-        local=path, split=biggest or None, shuffle=True, shuffle_seed=1, batch_size=8
-    )
-    loader = torch.utils.data.DataLoader(
-        shuffled, batch_size=8, num_workers=loader_workers, collate_fn=_identity,
-        # pylance (imported above) is not fork-safe: start workers fresh, as training does.
-        multiprocessing_context="spawn" if loader_workers else None,
-    )
-    for batch in loader:
-        report.loader_samples += len(batch)
-        if report.loader_samples >= loader_samples:
-            break
     expected = min(loader_samples, sum(s["samples"] for s in indexes[biggest]["shards"]))
+    decoded, loaded, problems = _in_child(_read_back, path, splits, biggest, loader_workers,
+                                          loader_samples)
+    report.images_decoded += decoded
+    report.loader_samples += loaded
+    report.problems.extend(problems)
     if report.loader_samples < expected:
         report.problems.append(
             f"DataLoader read {report.loader_samples} samples, expected at least {expected}"
