@@ -1,8 +1,9 @@
 """Lance tables from Spark: a Python data source named ``lance``.
 
 The Lance Spark connector (``org.lance:lance-spark-bundle-4.1_2.13``) is not served by
-the package registry this project builds from (see README, "Pins"), so lakeshard talks
-to Lance through pylance inside Spark's Python data source API (Spark >= 4.0):
+the package registry this project builds from (docs/development.md, "Pins and why"), so
+lakeshard talks to Lance through pylance inside Spark's Python data source API
+(Spark >= 4.0):
 
 * **write** -- every Spark task writes its rows as Lance fragments (data files only,
   nothing visible yet) and returns their metadata; the driver commits all fragments in
@@ -16,8 +17,8 @@ to Lance through pylance inside Spark's Python data source API (Spark >= 4.0):
 Spark's own filter pushdown for Python data sources (``pushFilters``, Spark 4.1) is not
 used: Spark 4.1.4 caches the pushed-down reader on the relation and reuses it for a
 later query on the same DataFrame that pushes nothing, returning rows filtered by the
-earlier query's predicate (see README, "Known issues"). Without it Spark evaluates
-every ``where`` itself, so results are always right.
+earlier query's predicate (docs/development.md, "Known issues"). Without it Spark
+evaluates every ``where`` itself, so results are always right.
 
 Usage::
 
