@@ -182,11 +182,11 @@ def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: dateti
 def _find_removals(spark: SparkSession, cfg: Config, manifest: DataFrame,
                    listed: DataFrame, skip: dict[str, frozenset[str]],
                    versions: dict[str, int | None], stats: dict[str, dict],
-                   skipped: dict[str, int]) -> tuple[DataFrame, dict[str, str], dict[str, int]]:
-    """Records the sources no longer list: ``sample_id, source, status``; per source
-    how they were looked for; the source versions to record for the next run."""
+                   skipped: dict[str, int]) -> tuple[DataFrame, dict[str, str]]:
+    """Records the sources no longer list: ``sample_id, source, status``; and per
+    source how they were looked for."""
     previous = None
-    full, parts, scans, record = [], [], {}, {}
+    full, parts, scans = [], [], {}
     for s in cfg.sources:
         if s.on_removed == "keep":
             scans[s.name] = "kept"
@@ -210,11 +210,9 @@ def _find_removals(spark: SparkSession, cfg: Config, manifest: DataFrame,
             continue
         if previous is None:
             previous = _previous_versions(spark, cfg)
-        key = _version_key(s)
-        since = previous.get(key)
+        since = previous.get(_version_key(s))
         found = (adapter_for(s.kind).deleted_keys(spark, s, since, version)
                  if since is not None else None)
-        record[key] = version
         if found is None:
             full.append(s.name)
             scans[s.name] = "listing"
@@ -225,7 +223,7 @@ def _find_removals(spark: SparkSession, cfg: Config, manifest: DataFrame,
         parts.append(removed_records(manifest, listed, sources=[s.name],
                                      candidates=candidates))
     parts.append(removed_records(manifest, listed, sources=full, skipped=skip))
-    return reduce(DataFrame.unionByName, parts), scans, record
+    return reduce(DataFrame.unionByName, parts), scans
 
 
 def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
@@ -263,12 +261,19 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     for name, st in stats.items():
         if st["unchanged"]:
             unchanged[name] = unchanged.get(name, 0) + st["unchanged"]
-    removed, scans, source_versions = None, {}, {}
+    removed, scans = None, {}
     if manifest is not None:
-        removed, scans, source_versions = _find_removals(
-            spark, cfg, manifest, listed, skip, versions, stats, skipped)
+        removed, scans = _find_removals(spark, cfg, manifest, listed, skip, versions, stats,
+                                        skipped)
         removed = removed.withColumn("reason", F.lit("source_removed")).localCheckpoint(
             eager=True)
+    # The versions read, for the next run's history (not when removals were deferred:
+    # the next run then looks at everything since the last version fully handled).
+    source_versions = {
+        _version_key(s): versions[s.name] for s in cfg.sources
+        if versions.get(s.name) is not None
+        and not scans.get(s.name, "").startswith("deferred")
+    }
 
     # refuse what a takedown names -> fetch -> prepare
     sc.setJobDescription("lakeshard curate: fetch + prepare new records")
