@@ -173,6 +173,13 @@ def takedown_identifiers(takedowns: DataFrame) -> DataFrame:
     )
 
 
+def _original_sha256(manifest: DataFrame) -> Column:
+    """The source bytes' hash (null in a manifest written before lakeshard kept it)."""
+    if "original_sha256" in manifest.columns:
+        return F.col("original_sha256")
+    return F.lit(None).cast("string").alias("original_sha256")
+
+
 def _addressed_url() -> Column:
     """A record's own image URI (a URL, a file): its image_ref unless the image is a
     byte range of a container (a tar member), which a URL cannot name alone."""
@@ -251,7 +258,7 @@ def match_takedowns(given: DataFrame, manifest: DataFrame | None,
 
     if manifest is not None:
         m = manifest.select("sample_id", "source", _addressed_url().alias("_url"),
-                            "original_sha256")
+                            _original_sha256(manifest))
         for kind, col in (("sample_id", "sample_id"), ("url", "_url"),
                           ("image_sha256", "original_sha256")):
             hits = m.join(F.broadcast(of(kind)), F.col(col) == F.col("value"))
@@ -273,7 +280,8 @@ def matched_identifiers(matches: DataFrame, manifest: DataFrame | None,
     out = rec.select("request_id", F.lit("sample_id").alias("kind"),
                      F.col("sample_id").alias("value"), "sample_id", "source")
     if manifest is not None:
-        m = manifest.select("sample_id", _addressed_url().alias("_url"), "original_sha256")
+        m = manifest.select("sample_id", _addressed_url().alias("_url"),
+                            _original_sha256(manifest))
         joined = rec.join(m, "sample_id")
         for kind, col in (("url", "_url"), ("image_sha256", "original_sha256")):
             out = out.unionByName(joined.where(F.col(col).isNotNull()).select(
