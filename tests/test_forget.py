@@ -10,15 +10,17 @@ import io
 import json
 import os
 import random
+from datetime import datetime
 
 import lance
 import pytest
-from conftest import make_config
+import yaml
+from conftest import JARS_DIR, make_config
 from httpserver import Server
 
 from etl import tables
 from etl.errors import ConfigError
-from etl.schema import sample_id_of
+from etl.schema import TAKEDOWNS_SCHEMA, sample_id_of
 
 # ----------------------------------------------------------------------- the request
 
@@ -154,9 +156,10 @@ def _urls(root, server, keys):
 
 @pytest.mark.slow
 def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_names(
-        spark, tmp_path):
+        spark, tmp_path, capsys):
     from pyspark.sql import functions as F
 
+    from etl.cli import main
     from etl.jobs.forget import format_forget
     from etl.jobs.verify_export import verify_export
     from etl.pipeline.runner import run_command, run_pipeline
@@ -169,17 +172,20 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
             (inp / "photos" / f"p{i}.txt").write_text(f"photo {i}")
         server.files.update({f"u{i}.jpg": _img(10 + i) for i in range(3)})
         _urls(inp, server, ["u0", "u1", "u2", "gone"])  # /img/gone.jpg: 404, a reject
-        cfg = make_config(
-            tmp_path / "root",
-            sources=[
-                {"name": "photos", "kind": "image_folder", "path": str(inp / "photos")},
-                {"name": "urls", "kind": "table", "path": str(inp / "urls.jsonl"),
-                 "columns": {"key": "id", "url": "url", "caption": "text"}},
-            ],
-            fetch={"retries": 0, "timeout_s": 5, "allow_networks": ["127.0.0.1/32"]},
-            exports={"train": {"partitions": 2, "where": None}},
-            run={"report": False},
-        )
+        sources = [
+            {"name": "photos", "kind": "image_folder", "path": str(inp / "photos")},
+            {"name": "urls", "kind": "table", "path": str(inp / "urls.jsonl"),
+             "columns": {"key": "id", "url": "url", "caption": "text"}},
+        ]
+        extra = {"fetch": {"retries": 0, "timeout_s": 5, "allow_networks": ["127.0.0.1/32"]},
+                 "exports": {"train": {"partitions": 2, "where": None}},
+                 "run": {"report": False}}
+        cfg = make_config(tmp_path / "root", sources=sources, **extra)
+        conf = tmp_path / "conf.yaml"  # the same settings, for the command line
+        conf.write_text(yaml.safe_dump({
+            "storage": {"root": str(tmp_path / "root")}, "sources": sources, **extra,
+            "spark": {"master": "local[2]", "jars_dir": str(JARS_DIR),
+                      "conf": {"spark.sql.shuffle.partitions": "2"}}}))
         paths = tables.layout(cfg)
         first = run_pipeline(cfg, only=("curate", "dedup", "export"))
         assert first.detail("curate").curated_rows == 7
@@ -196,6 +202,14 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
             assert _files_holding(paths.curated, data)  # the search sees them now
         old_version = lance.dataset(paths.curated).version
         p2_file_hash = hashlib.sha256(_img(2)).hexdigest()  # what a requester holds
+
+        # What a request would match, from the command line: nothing changes.
+        capsys.readouterr()
+        assert main(["--conf", str(conf), "forget", "--dry-run", "--by", "dpo",
+                     "--reason", "check", "--image-sha256", p2_file_hash]) == 0
+        printed = capsys.readouterr().out
+        assert "match 1 record(s); nothing changed" in printed and p2 in printed
+        assert lance.dataset(paths.curated).version == old_version
 
         # The takedown: a URL (u1), a file's hash (p2), and a URL that only ever failed.
         out = run_command(cfg, "forget", {
@@ -249,20 +263,32 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
         with pytest.raises((ValueError, OSError)):
             lance.dataset(paths.curated, version=old_version)
 
-        # The export written before still holds them: verify-export says so. The next
-        # export leaves them out, its key changed, and verifies.
+        # The export written before still holds them: verify-export says so.
         taken = frozenset(r.sample_id for r in td if r.sample_id) | {u1, p2}
         stale = verify_export(old_export.path, loader_workers=0, loader_samples=4,
                               taken_down=taken)
         assert any("named by a takedown" in p for p in stale.problems)
         assert any("no longer exists" in p for p in stale.problems)
+
+        # A second request that a forget recorded and then died before applying (the
+        # state its first commit leaves): p3 is still in the table.
+        p3 = sample_id_of("photos", "p3.jpg")
+        spark.createDataFrame(
+            [("DPO-18", datetime(2026, 11, 30), "dpo", "licence", "sample_id", p3, "given",
+              p3, None, "dead-run", None, None, None, None)], TAKEDOWNS_SCHEMA) \
+            .write.format("delta").mode("append").save(paths.takedowns)
+        taken |= {p3}
+
+        # The next export leaves all three out (p3 too, though still in the table), its
+        # key changed, and it verifies.
         after = run_pipeline(cfg, only=("export",))
         (exp,) = after.detail("export")
-        assert exp.samples == 5 and exp.resumed_partitions == 0
+        assert exp.samples == 4 and exp.resumed_partitions == 0
         manifest_json = json.loads(open(os.path.join(exp.path, "manifest.json")).read())
-        assert manifest_json["removals"]["by_reason"] == {"taken_down": 2}
         assert manifest_json["export_key"] != old_key
-        assert manifest_json["removals"]["removed"] == 2
+        assert manifest_json["removals"] == {
+            "removed": 2, "by_reason": {"taken_down": 2},
+            "fingerprint": manifest_json["removals"]["fingerprint"], "excluded_taken_down": 1}
         report = verify_export(exp.path, loader_workers=0, loader_samples=4, taken_down=taken)
         assert report.ok, report.problems
 
@@ -278,6 +304,12 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
         by = {c.source: c for c in night.detail("curate").counts}
         assert (by["photos"].seen, by["photos"].rejected, by["photos"].reasons) == (
             2, 2, {"taken_down": 2})
+        # ... and the request the dead run left is finished: p3 out of every table.
+        assert by["photos"].removed == {"taken_down": 1}
+        assert p3 not in lance.dataset(paths.curated).to_table(columns=["sample_id"])[
+            "sample_id"].to_pylist()
+        assert spark.read.format("delta").load(paths.takedowns).where(
+            "applied_at IS NULL").count() == 0
         assert (by["urls"].seen, by["urls"].rejected, by["urls"].reasons) == (
             1, 1, {"taken_down": 1})
         assert server.hits.get("/img/u1.jpg") == hits_u1  # not fetched again
@@ -289,6 +321,6 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
             "u9": ("ingest", "taken_down", "takedown DPO-17: same image sha256"),
         }
         (exp,) = night.detail("export")
-        assert exp.samples == 5 and exp.resumed_partitions == 2  # nothing new to export
+        assert exp.samples == 4 and exp.resumed_partitions == 0  # p3's delete: a new version
         assert verify_export(exp.path, loader_workers=0, loader_samples=4,
                              taken_down=taken).ok

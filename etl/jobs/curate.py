@@ -59,6 +59,7 @@ from etl.transforms.prepare import (
     rejected_rows,
 )
 from etl.writers.delta import (
+    mark_takedowns_applied,
     merge_accounting,
     merge_manifest,
     merge_rejects,
@@ -173,7 +174,11 @@ def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: dateti
         spark, cfg, named.select("sample_id", "source", "status",
                                  F.lit(TAKEN_DOWN).alias("reason")),
         run_id=run_id, now=now, retention_hours=cfg.lakehouse.takedown_retention_hours)
-    update_takedowns(spark, paths.takedowns, "applied_at IS NULL", {"applied_at": now})
+    purge = result.purge
+    mark_takedowns_applied(spark, paths.takedowns, now=now,
+                           purge_version=purge.version if purge else None,
+                           purge_after=purge.due if purge else None,
+                           purged=purge is None or purge.done)
     log.warning("curate: finished %d takedown record(s) a forget had left unapplied",
                 result.total)
     return result
@@ -345,7 +350,13 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
                      paths.accounting)
     purge = next((r.purge for r in (gone, pending) if r is not None and r.purge), None)
     if tables.lance_exists(paths.curated):
-        run_due_purges(paths.curated, now)  # removed rows' versions past their retention
+        # Removed rows' versions past their retention; takedowns whose bytes that frees.
+        purged, _, _ = run_due_purges(paths.curated, now)
+        if purged and tables.read_delta(spark, paths.takedowns) is not None:
+            oldest = min(int(v["version"]) for v in tables.open_curated(cfg).versions())
+            update_takedowns(spark, paths.takedowns,
+                             f"purged_at IS NULL AND purge_version <= {oldest}",
+                             {"purged_at": now})
     sc.setJobDescription(None)
     for df in (outcome, prepared, listed):
         df.unpersist()

@@ -59,11 +59,11 @@ from etl.transforms.bronze import (
 )
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
 from etl.writers.delta import (
+    mark_takedowns_applied,
     merge_accounting,
     merge_dedup,
     record_takedowns,
     set_properties,
-    update_takedowns,
 )
 from etl.writers.mds import read_manifest
 
@@ -378,17 +378,10 @@ def forget(spark: SparkSession, cfg: Config, run_id: str, request: TakedownReque
         oldest = min(v.version for v in table_versions(paths.curated))
 
     sc.setJobDescription("lakeshard forget: mark the request applied")
-    applied: dict[str, object] = {"applied_at": now}
-    if purge is not None:
-        applied.update(purge_version=purge.version, purge_after=purge.due,
-                       purged_at=now if purge.done else None)
-    else:  # no curated bytes to purge
-        applied.update(purge_after=now, purged_at=now)
-    update_takedowns(spark, paths.takedowns, "applied_at IS NULL", applied)
-    if oldest is not None:  # earlier requests whose old versions are gone by now
-        update_takedowns(spark, paths.takedowns,
-                         f"purged_at IS NULL AND purge_version <= {oldest}",
-                         {"purged_at": now})
+    mark_takedowns_applied(  # no purge: no curated row held the bytes
+        spark, paths.takedowns, now=now, purge_version=purge.version if purge else None,
+        purge_after=purge.due if purge else None, purged=purge is None or purge.done,
+        oldest_version=oldest)
 
     removed_ids = {sid for sid, _ in matched}
     thumbs = _scrub_reports(cfg, removed_ids) if removed_ids else 0

@@ -38,6 +38,7 @@ __all__ = [
     "set_properties",
     "record_takedowns",
     "update_takedowns",
+    "mark_takedowns_applied",
 ]
 
 # Manifest columns a takedown clears: what the source said about the record. Its ids,
@@ -226,3 +227,19 @@ def update_takedowns(spark: SparkSession, path: str, condition: str,
     DeltaTable.forPath(spark, path).update(
         condition, {k: F.lit(v) if v is not None else F.lit(None) for k, v in values.items()}
     )
+
+
+def mark_takedowns_applied(spark: SparkSession, path: str, *, now: datetime,
+                           purge_version: int | None, purge_after: datetime | None,
+                           purged: bool, oldest_version: int | None = None) -> None:
+    """Every request not yet applied is applied now, with when its bytes are (or will be)
+    gone; and requests whose purge version is now the oldest version left or older are
+    purged."""
+    update_takedowns(spark, path, "applied_at IS NULL", {
+        "applied_at": now, "purge_version": purge_version,
+        "purge_after": purge_after or now, "purged_at": now if purged else None,
+    })
+    if oldest_version is not None:
+        update_takedowns(spark, path,
+                         f"purged_at IS NULL AND purge_version <= {int(oldest_version)}",
+                         {"purged_at": now})
