@@ -86,6 +86,7 @@ KINDS = {"sample-id": "sample_id", "key": "key", "url": "url", "image-sha256": "
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _SOURCE = re.compile(r"^[A-Za-z][A-Za-z0-9_-]{0,62}$")
+_SHOWN = 50  # matches a dry run lists
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/#-]{0,199}$")
 
 
@@ -404,7 +405,9 @@ def format_forget(res: ForgetResult) -> str:
     if res.dry_run:
         lines = [f"forget (dry run) {res.request_id}: {res.identifiers} identifier(s) match "
                  f"{len(res.matched)} record(s); nothing changed"]
-        lines += [f"  {source:<20} {sid}" for sid, source in res.matched]
+        lines += [f"  {source:<20} {sid}" for sid, source in res.matched[:_SHOWN]]
+        if len(res.matched) > _SHOWN:
+            lines.append(f"  ... and {len(res.matched) - _SHOWN} more")
         return "\n".join(lines)
     lines = [
         f"takedown {res.request_id}: {res.identifiers} identifier(s) matched "
