@@ -393,7 +393,7 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
         for reason, n in c.removed.items():
             outputs[f"removed:{reason}"] = outputs.get(f"removed:{reason}", 0) + n
         if c.removed:
-            outputs[f"removed:{c.source}"] = sum(c.removed.values())
+            outputs[f"removed_in:{c.source}"] = sum(c.removed.values())
     versions = {"lance:curated": cur.curated_version, **(cur.source_versions or {})}
     rejects_version = tables.delta_version(spark, cur.rejects_path)
     if rejects_version is not None:

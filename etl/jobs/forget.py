@@ -368,15 +368,16 @@ def forget(spark: SparkSession, cfg: Config, run_id: str, request: TakedownReque
                                                  run_at=now), paths.accounting)
     fault_point("forget:removed")
 
-    dedup_changed = 0
-    if removal is not None and removal.curated_deleted:
-        sc.setJobDescription("lakeshard forget: re-elect duplicate clusters")
-        dedup_changed = _rededup(spark, cfg, run_id)
     purge = removal.purge if removal is not None else None
     oldest = None
     if tables.lance_exists(paths.curated):
-        run_due_purges(paths.curated, now)
+        run_due_purges(paths.curated, now)  # earlier removals whose retention has passed
         oldest = min(v.version for v in table_versions(paths.curated))
+    dedup_changed = 0
+    if removal is not None and removal.curated_deleted:
+        # Last, at the version the table is left at: dedup then covers it.
+        sc.setJobDescription("lakeshard forget: re-elect duplicate clusters")
+        dedup_changed = _rededup(spark, cfg, run_id)
 
     sc.setJobDescription("lakeshard forget: mark the request applied")
     mark_takedowns_applied(  # no purge: no curated row held the bytes
@@ -456,7 +457,7 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
                                "removed:curated": res.removed_from("curated"),
                                "removed:rejects": res.removed_from("rejects")}
     for c in res.counts:
-        key = f"removed:{c['source']}"
+        key = f"removed_in:{c['source']}"
         outputs[key] = outputs.get(key, 0) + c["count"]
     versions: dict[str, int] = {}
     if res.curated_version is not None:
