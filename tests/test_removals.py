@@ -186,15 +186,17 @@ def test_a_takedown_matches_every_copy_and_collects_every_identifier(spark):
     assert sorted(r.sample_id for r in matches.collect()) == sorted(
         sample_id_of(s, k) for s, k in (("u", "u1"), ("f", "a.jpg"), ("f", "copy.jpg"),
                                         ("t", "k1"), ("f", "gone.jpg")))
-    ident = {(r.kind, r.value) for r in matched_identifiers(matches, manifest, curated)
-             .where(f"sample_id = '{sample_id_of('t', 'k1')}'").collect()}
+    found = matched_identifiers(matches, manifest, curated).collect()
+
+    def ident(source, key):
+        return {(r.kind, r.value) for r in found if r.sample_id == sample_id_of(source, key)}
+
     # A tar member has no URL of its own: only its id and hashes are recorded.
-    assert ident == {("sample_id", sample_id_of("t", "k1")), ("image_sha256", "33" * 32),
-                     ("image_sha256", "bb" * 32)}
-    ident = {(r.kind, r.value) for r in matched_identifiers(matches, manifest, curated)
-             .where(f"sample_id = '{sample_id_of('u', 'u1')}'").collect()}
-    assert ident == {("sample_id", sample_id_of("u", "u1")), ("url", "https://x.test/a.jpg"),
-                     ("image_sha256", "11" * 32), ("image_sha256", "aa" * 32)}
+    assert ident("t", "k1") == {("sample_id", sample_id_of("t", "k1")),
+                                ("image_sha256", "33" * 32), ("image_sha256", "bb" * 32)}
+    assert ident("u", "u1") == {("sample_id", sample_id_of("u", "u1")),
+                                ("url", "https://x.test/a.jpg"), ("image_sha256", "11" * 32),
+                                ("image_sha256", "aa" * 32)}
 
 
 def test_accounting_counts_removals_per_source_and_table_left(spark):
@@ -221,6 +223,41 @@ def test_accounting_counts_removals_per_source_and_table_left(spark):
                    ("a", "removed", "rejects", "source_removed"): 1,
                    ("a", "removed", "curated", "taken_down"): 1,
                    ("b", "removed", "curated", "source_removed"): 1}
+
+
+def test_delta_and_lance_histories_name_the_deleted_keys(spark, tmp_path):
+    from etl.config import SourceConfig
+    from etl.sources import adapter_for
+
+    def keys(found):
+        return found[1], sorted(r.source_key for r in found[0].collect())
+
+    cols = {"key": "meta.id", "image": "img"}  # a key inside a struct, not a string
+    delta = str(tmp_path / "plain_delta")  # no change data feed: the versions compared
+    spark.createDataFrame([((1,), b"a"), ((2,), b"b"), ((3,), b"c")],
+                          "meta struct<id:int>, img binary").write.format("delta").save(delta)
+    spark.sql(f"DELETE FROM delta.`{delta}` WHERE meta.id = 2")
+    spark.createDataFrame([((4,), b"d")], "meta struct<id:int>, img binary") \
+        .write.format("delta").mode("append").save(delta)
+    src = SourceConfig(name="d", kind="delta", path=delta, columns=cols)
+    adapter = adapter_for("delta")
+    assert adapter.snapshot_version(spark, src) == 2
+    assert keys(adapter.deleted_keys(spark, src, 0, 2)) == ("version diff", ["2"])
+    assert keys(adapter.deleted_keys(spark, src, 1, 2)) == ("version diff", [])
+
+    path = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"meta": [{"id": 1}, {"id": 2}], "img": [b"a", b"b"]}), path)
+    lance.write_dataset(pa.table({"meta": [{"id": 3}], "img": [b"c"]}), path, mode="append")
+    lance.dataset(path).create_scalar_index("img", "BTREE")
+    src = SourceConfig(name="l", kind="lance", path=path, columns=cols)
+    adapter = adapter_for("lance")
+    # Appends and an index: the transaction log alone says nothing was deleted.
+    assert keys(adapter.deleted_keys(spark, src, 1, 3)) == ("version diff", [])
+    lance.dataset(path).delete("meta.id = 1")
+    now = adapter.snapshot_version(spark, src)
+    assert keys(adapter.deleted_keys(spark, src, 1, now)) == ("version diff", ["1"])
+    lance.dataset(path).cleanup_old_versions(versions=[1])
+    assert adapter.deleted_keys(spark, src, 1, now) is None  # history gone: full diff
 
 
 def test_on_removed_is_delete_or_keep(tmp_path):
