@@ -15,6 +15,7 @@ transforms (:mod:`etl.transforms.bronze`, :mod:`~etl.transforms.prepare`,
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -71,10 +72,13 @@ __all__ = ["CurateResult", "list_sources", "curate", "stage"]
 
 log = logging.getLogger(__name__)
 
-# Ledger key (table_versions of the curate stage) of the version a run read of a source
-# with a history: source:<name>:<hash of its path>, so a source pointed elsewhere starts
-# over instead of reading another table's history.
+# Key of the version a run read of a source with a history (in the state file below and
+# in the ledger's table_versions): source:<name>:<hash of its path>, so a source pointed
+# elsewhere starts over instead of reading another table's history.
 _SOURCE_VERSION = "source:"
+# Where the versions the last completed curate read are kept: one small JSON object
+# (read without Spark; the run ledger has them too, but querying it is a Spark job).
+_VERSIONS_FILE = "_lakeshard/source_versions.json"
 
 
 @dataclass(frozen=True)
@@ -143,15 +147,36 @@ def _version_key(source: SourceConfig) -> str:
     return f"{_SOURCE_VERSION}{source.name}:{where}"
 
 
-def _previous_versions(spark: SparkSession, cfg: Config) -> dict[str, int]:
-    """The source versions the last successful curate read (from the run ledger)."""
-    runs = tables.read_delta(spark, tables.layout(cfg).runs)
-    if runs is None:
+def _versions_file(cfg: Config):
+    import pyarrow.fs as pafs
+
+    return pafs.FileSystem.from_uri(f"{cfg.storage.root.rstrip('/')}/{_VERSIONS_FILE}")
+
+
+def _previous_versions(cfg: Config) -> dict[str, int]:
+    """The source versions the last completed curate read; {} when there is no (readable)
+    record: every source is then compared in full."""
+    import pyarrow.fs as pafs
+
+    fs, path = _versions_file(cfg)
+    if fs.get_file_info(path).type != pafs.FileType.File:
         return {}
-    row = (runs.where("stage = 'curate' AND status = 'ok'")
-           .orderBy(F.col("started_at").desc()).select("table_versions").first())
-    return {k: int(v) for k, v in ((row and row["table_versions"]) or {}).items()
-            if k.startswith(_SOURCE_VERSION)}
+    try:
+        with fs.open_input_stream(path) as f:
+            raw = json.loads(f.read())
+        return {k: int(v) for k, v in raw.items() if k.startswith(_SOURCE_VERSION)}
+    except (OSError, ValueError, TypeError, AttributeError) as exc:
+        log.warning("curate: %s unreadable (%s): comparing every source in full", path, exc)
+        return {}
+
+
+def _record_versions(cfg: Config, versions: dict[str, int]) -> None:
+    """Written once the run's removals are done (a run that dies before leaves the last
+    record, and the next run looks at the history since then again)."""
+    fs, path = _versions_file(cfg)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(json.dumps(versions, sort_keys=True).encode())
 
 
 def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: datetime
@@ -214,7 +239,7 @@ def _find_removals(spark: SparkSession, cfg: Config, manifest: DataFrame,
             scans[s.name] = "listing"
             continue
         if previous is None:
-            previous = _previous_versions(spark, cfg)
+            previous = _previous_versions(cfg)
         since = previous.get(_version_key(s))
         found = (adapter_for(s.kind).deleted_keys(spark, s, since, version)
                  if since is not None else None)
@@ -370,6 +395,12 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         )
     if replaced:
         log.info("curate: replaced %d curated rows of changed records", replaced)
+    if any(v is not None for v in versions.values()):
+        # A source whose removals were deferred keeps the version last fully handled.
+        deferred = {_version_key(s) for s in cfg.sources
+                    if scans.get(s.name, "").startswith("deferred")}
+        kept = {k: v for k, v in _previous_versions(cfg).items() if k in deferred}
+        _record_versions(cfg, {**kept, **source_versions})
     return CurateResult(paths.curated, ds.version, ds.count_rows(), paths.rejects,
                         paths.manifest, paths.accounting, counts, purge, source_versions)
 
