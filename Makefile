@@ -1,5 +1,7 @@
 # lakeshard — `make run` and `make test` do all set-up on first use:
 # a Python 3.11 venv with pinned packages (constraints.txt) and the Delta JARs (Maven).
+# The S3A connector JARs (`make jars-s3a`, 12 MB) are fetched only by `make test` and by
+# whoever runs with storage on s3:// -- `make run` on local disk never needs them.
 SHELL  := /bin/bash
 PYTHON ?= python3.11
 VENV   := .venv
@@ -7,7 +9,7 @@ BIN    := $(VENV)/bin
 JARS   := .jars
 STAMP  := $(VENV)/.installed
 
-.PHONY: setup jars run test lint bench clean kernel browser wheel artifacts
+.PHONY: setup jars jars-s3a run test lint bench clean kernel browser wheel artifacts
 
 setup: $(STAMP) $(JARS)/.complete browser
 
@@ -34,12 +36,22 @@ $(JARS)/.complete: jars/pom.xml
 
 jars: $(JARS)/.complete
 
+## Hadoop S3A (hadoop-aws + the AWS SDK v2 modules it uses) for storage on s3:// or s3a://,
+## into .jars/s3a/; lakeshard adds them to Spark only when a config needs them.
+$(JARS)/s3a/.complete: jars/s3a/pom.xml $(JARS)/.complete
+	rm -rf $(JARS)/s3a && mkdir -p $(JARS)/s3a
+	mvn -q -B -f jars/s3a/pom.xml dependency:copy-dependencies -DoutputDirectory=$(CURDIR)/$(JARS)/s3a
+	touch $@
+
+jars-s3a: $(JARS)/s3a/.complete
+
 ## The main job on the embedded default (conf/local.yaml): outputs under ./lakeshard-data
 run: setup
 	$(BIN)/lakeshard run
 
-## The import-layer contracts (pyproject.toml), then the test suite (unit + end-to-end)
-test: setup
+## The import-layer contracts (pyproject.toml), then the test suite (unit + end-to-end;
+## the object-storage tests run Spark with S3A against a local S3 server)
+test: setup jars-s3a
 	$(BIN)/lint-imports --no-logo
 	$(BIN)/pytest
 

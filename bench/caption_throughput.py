@@ -1,46 +1,70 @@
-"""Benchmark: caption throughput (images/s per GPU) of lakeshard's transformers backend.
+"""Benchmark: caption throughput of lakeshard's transformers backend, bare and in Spark.
 
-The model is a *randomly initialised* Qwen2.5-VL with a real checkpoint's exact
-architecture (layer counts, widths, vocabulary, vision tower; transcribed below from the
-published ``config.json`` of Qwen2.5-VL-3B/7B-Instruct), so the compute per image and per
-token is the real model's. The weights are noise, so the text is too; generation is run
-to a fixed length (the checkpoint's end-of-sequence id is set to an unused token), which
-makes the caption length -- ``--max-new-tokens``, ~150-250 for dense captions -- the
-same on every run. Images are real photos (scikit-image's) resized into
-``--max-pixels`` (default ~0.6 MP, what long-caption runs typically use).
+The model is a *randomly initialised* Qwen2.5-VL built here (no hub): with ``--arch
+qwen2_5_vl_7b`` / ``qwen2_5_vl_3b`` the exact architecture of the published checkpoints
+(layer counts, widths, vocabulary, vision tower; transcribed from their ``config.json``),
+so the compute per image and per token is the real model's; ``mid`` is the same
+architecture at 50 M parameters, big enough that generation dominates on a CPU; ``tiny``
+is the smoke-test model. The weights are noise, so the text is too; generation runs to a
+fixed length (end-of-sequence is set to a token the tokenizer never makes), so every
+caption is ``--max-new-tokens`` long. Images are real photos (scikit-image's bundled
+ones; synthetic images of the same sizes when scikit-image is not installed -- the
+compute depends only on the size) at mixed sizes within ``--max-pixels``.
 
-Side by side in one run, same model instance, same batch size:
+Two parts:
 
-* bare      -- a hand-written loop: processor (chat template, left padding) +
-               ``model.generate`` on pre-decoded PIL images.
-* lakeshard -- ``udfs.caption.caption_images`` on JPEG bytes: decode, resize, the same
-               generate, per-row error capture, caption checks.
+``--bare`` (a GPU box: needs only torch, transformers and Pillow -- no pyspark, no
+project install, no network; run it from a copy of the repository). Per batch size,
+side by side on one model instance:
 
-Run (a GPU machine; ``--arch tiny --device cpu`` is a quick smoke run anywhere)::
+* hand loop        -- processor (chat template, left padding) + ``model.generate`` in
+                      table order on pre-decoded images: what one writes by hand;
+* table order      -- lakeshard's ``caption_images`` (decode, resize, generate, per-row
+                      errors, caption checks) with batches in table order;
+* grouped by size  -- the same, batches grouped by image-token count (the default).
 
-    .venv/bin/python bench/caption_throughput.py --arch qwen2_5_vl_7b --device cuda \\
-        --images 128 --batch-size 32 --max-new-tokens 200
-    .venv/bin/python bench/caption_throughput.py --arch tiny --device cpu --images 8 \\
-        --batch-size 4 --max-new-tokens 16 --max-pixels 12544
+``--spark`` (CPU, local[2], the project installed): the Spark caption stage against a
+bare loop over ``caption_images`` on the same images, same model, same windows (one per
+Lance fragment), same layout -- one process per task slot, one torch thread each (what
+Spark gives a Python worker), the fragments split as the slots take them:
 
-The reference figure for the same job on vLLM is about 20 images/s per H200 for
-Qwen3-VL-8B.
+* bare, table order -- ``caption_images`` with batches in table order (padding before);
+* bare, grouped     -- grouped by size, the default (padding after);
+* Spark stage       -- ``lakeshard caption`` on local[N] with warm workers (each loaded
+                       the model in a warm-up run, as on a long run): plan, read keys,
+                       take images, generate, statistics, write the columns.
+
+The sides alternate for ``--rounds`` rounds; the best of each is kept.
+
+Run::
+
+    python bench/caption_throughput.py --bare                    # H100/H200: 7B, bf16
+    .venv/bin/python bench/caption_throughput.py --spark          # CPU, ~15 min here
+    python bench/caption_throughput.py --bare --arch tiny --device cpu --images 8 \\
+        --batch-sizes 4 --max-new-tokens 8 --max-pixels 12544     # a smoke run anywhere
+
+The reference figure for the same job is about 20 images/s per H200 (Qwen3-VL-8B on
+vLLM, published).
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REFERENCE = "~20 images/s per H200 (Qwen3-VL-8B on vLLM, published)"
 
 _VISION_25 = {
     "depth": 32, "hidden_size": 1280, "intermediate_size": 3420, "num_heads": 16,
@@ -63,8 +87,54 @@ ARCHS = {
                  "num_key_value_heads": 2, "tie_word_embeddings": True},
         "vision": {**_VISION_25, "out_hidden_size": 2048},
     },
+    # The same architecture at 50 M parameters: generation dominates on a CPU.
+    "mid": {
+        "text": {"vocab_size": 32000, "hidden_size": 512, "intermediate_size": 1408,
+                 "num_hidden_layers": 8, "num_attention_heads": 8,
+                 "num_key_value_heads": 2, "tie_word_embeddings": True},
+        "vision": {**_VISION_25, "depth": 4, "hidden_size": 384, "intermediate_size": 1024,
+                   "num_heads": 6, "fullatt_block_indexes": [1, 3], "out_hidden_size": 512},
+        "mrope_section": [16, 8, 8],
+    },
     "tiny": None,  # etl.tiny_vlm's smoke-test model
 }
+ARCH_NOTE = {"mid": "50 M parameters", "tiny": "~0.2 M parameters",
+             "qwen2_5_vl_7b": "8.29 B parameters", "qwen2_5_vl_3b": "3.75 B parameters"}
+PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png",
+          "hubble_deep_field.jpg", "retina.jpg"]
+# Share of --max-pixels per image, cycled: web images are mostly below the cap.
+PIXEL_SHARES = [1.0, 0.12, 0.55, 0.3, 0.85, 0.05, 0.4, 0.2, 0.7, 0.1]
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """The caption settings the generation core reads (``udfs.captioner.CaptionSettings``);
+    lakeshard's own are ``etl.config.CaptionVersionConfig``, which needs pydantic."""
+
+    name: str = "bench"
+    backend: str = "transformers"
+    prompt: str = ("Describe this image in one dense, faithful paragraph: objects, scene, "
+                   "composition, lighting, style, and any visible text.")
+    prompt_format: str = "chat"
+    max_new_tokens: int = 200
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    repetition_penalty: float = 1.0
+    seed: int = 0
+    batch_size: int = 32
+    batch_tokens: int | None = None
+    min_pixels: int = 4 * 28 * 28
+    max_pixels: int = 768 * 28 * 28
+    device: str = "cuda:0"
+    dtype: str = "bfloat16"
+    language: str | None = None
+    trust_remote_code: bool = False
+    gpu_memory_utilization: float | None = None
+
+
+# ----------------------------------------------------------------------- inputs
 
 
 def _config_for(arch: str):
@@ -81,7 +151,8 @@ def _config_for(arch: str):
                 **cfg["text_config"], **spec["text"], "initializer_range": 0.02,
                 "max_position_embeddings": 128000, "rope_theta": 1000000.0,
                 "rms_norm_eps": 1e-6,
-                "rope_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]},
+                "rope_scaling": {"type": "mrope",
+                                 "mrope_section": spec.get("mrope_section", [16, 24, 24])},
             }
             cfg["vision_config"] = {**spec["vision"], "initializer_range": 0.02}
             cfg["tie_word_embeddings"] = spec["text"]["tie_word_embeddings"]
@@ -95,8 +166,7 @@ def _config_for(arch: str):
 
 
 def build_checkpoint(arch: str, out: Path, device: str, dtype: str, max_pixels: int) -> Path:
-    import json
-
+    """The random checkpoint, saved once to `out` (reused by later runs)."""
     from etl.tiny_vlm import build_random_vlm
 
     if not (out / "config.json").is_file():
@@ -109,20 +179,49 @@ def build_checkpoint(arch: str, out: Path, device: str, dtype: str, max_pixels: 
     return out
 
 
-def make_images(n: int, max_pixels: int) -> list[bytes]:
-    import skimage.data
+def _photos() -> list | None:
+    """scikit-image's bundled photos as PIL images, or None without scikit-image."""
+    import importlib.util
+
     from PIL import Image
 
-    names = ["astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "camera"]
+    if importlib.util.find_spec("skimage") is None:
+        return None
+    from importlib import resources
+
+    data = resources.files("skimage").joinpath("data")
+    return [Image.open(io.BytesIO(data.joinpath(n).read_bytes())).convert("RGB")
+            for n in PHOTOS]
+
+
+def make_images(n: int, max_pixels: int) -> tuple[list[bytes], str]:
+    """`n` JPEGs (q92) at mixed sizes up to `max_pixels`, and what they are."""
+    from PIL import Image
+
+    photos = _photos()
     out = []
     for i in range(n):
-        img = Image.fromarray(getattr(skimage.data, names[i % len(names)])()).convert("RGB")
-        scale = (max_pixels / (img.width * img.height)) ** 0.5 * (0.8 + 0.05 * (i % 5))
-        img = img.resize((max(28, int(img.width * scale)), max(28, int(img.height * scale))))
+        share = PIXEL_SHARES[i % len(PIXEL_SHARES)]
+        if photos is not None:
+            src = photos[i % len(photos)]
+        else:  # same sizes; the compute does not depend on the pixels
+            import numpy as np
+
+            side = 768 if i % 2 else 1024
+            rng = np.random.default_rng(i)
+            src = Image.fromarray(rng.integers(0, 256, (side * 3 // 4, side, 3), np.uint8))
+        scale = (share * max_pixels / (src.width * src.height)) ** 0.5
+        img = src.resize((max(28, int(src.width * scale)), max(28, int(src.height * scale))),
+                         Image.Resampling.BICUBIC)
         buf = io.BytesIO()
         img.save(buf, format="JPEG", quality=92)
         out.append(buf.getvalue())
-    return out
+    what = "scikit-image photos" if photos is not None else (
+        "synthetic images (scikit-image not installed; same sizes)")
+    return out, what
+
+
+# ----------------------------------------------------------------------- loops
 
 
 def _sync(device: str) -> None:
@@ -132,97 +231,312 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def bare_loop(cap, spec, images_bytes: list[bytes]) -> tuple[float, int]:
-    """Processor + generate, nothing else. Returns (seconds, generated tokens)."""
+def hand_loop(cap, spec, images: list[bytes]) -> tuple[float, int]:
+    """Processor + generate in table order, nothing else. (seconds, generated tokens)."""
     import torch
-    from PIL import Image
 
-    from udfs.caption import load_image
+    from udfs.captioner import load_image
 
     s = spec.settings
-    pil = [load_image(b, s.min_pixels, s.max_pixels) for b in images_bytes]
+    pil = [load_image(b, s.min_pixels, s.max_pixels) for b in images]
     messages = [{"role": "user", "content": [{"type": "image"},
-                                             {"type": "text", "text": spec.settings.prompt}]}]
+                                             {"type": "text", "text": s.prompt}]}]
     prompt = cap.processor.apply_chat_template(messages, add_generation_prompt=True,
                                                tokenize=False)
-    assert all(isinstance(p, Image.Image) for p in pil)
     tokens = 0
     _sync(cap.device)
     t0 = time.perf_counter()
-    for i in range(0, len(pil), spec.settings.batch_size):
-        chunk = pil[i : i + spec.settings.batch_size]
+    for i in range(0, len(pil), s.batch_size):
+        chunk = pil[i : i + s.batch_size]
         inputs = cap.processor(text=[prompt] * len(chunk), images=chunk, padding=True,
-                               return_tensors="pt", min_pixels=spec.settings.min_pixels,
-                               max_pixels=spec.settings.max_pixels).to(cap.device)
+                               return_tensors="pt", min_pixels=s.min_pixels,
+                               max_pixels=s.max_pixels).to(cap.device)
         inputs["pixel_values"] = inputs["pixel_values"].to(cap.model.dtype)
         with torch.inference_mode():
-            out = cap.model.generate(**inputs, max_new_tokens=spec.settings.max_new_tokens,
+            out = cap.model.generate(**inputs, max_new_tokens=s.max_new_tokens,
                                      do_sample=False)
         tokens += (out.shape[1] - inputs["input_ids"].shape[1]) * len(chunk)
     _sync(cap.device)
     return time.perf_counter() - t0, tokens
 
 
-def lakeshard_loop(cap, spec, images_bytes: list[bytes]) -> tuple[float, int, dict]:
-    import pandas as pd
+@dataclass
+class Pass:
+    seconds: float
+    images: int
+    tokens: int
+    padding_share: float | None = None
+    statuses: dict | None = None
 
-    from udfs.caption import caption_images
+
+def lakeshard_loop(cap, spec, windows: list[list[bytes]], by_size: bool) -> Pass:
+    """``caption_images`` over `windows` (lists of encoded images), timed."""
+    from udfs.captioner import caption_images
 
     _sync(cap.device)
     t0 = time.perf_counter()
-    out = caption_images(spec, pd.Series(images_bytes), cap)
+    results = [caption_images(spec, w, cap, by_size=by_size) for w in windows]
     _sync(cap.device)
     seconds = time.perf_counter() - t0
-    return seconds, int(out["tokens"].fillna(0).sum()), out["status"].value_counts().to_dict()
+    pad = sum(p or 0 for r in results for p in r.padding)
+    real = sum(t or 0 for r in results for t in r.image_tokens)
+    statuses: dict[str, int] = {}
+    for r in results:
+        for st in r.status:
+            statuses[st] = statuses.get(st, 0) + 1
+    return Pass(seconds, sum(len(w) for w in windows),
+                sum(t or 0 for r in results for t in r.tokens),
+                pad / (pad + real) if pad + real else 0.0, statuses)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arch", choices=sorted(ARCHS), default="qwen2_5_vl_7b")
-    ap.add_argument("--device", default="cuda", help="cuda or cpu")
-    ap.add_argument("--dtype", default=None, help="default: bfloat16 on cuda, float32 on cpu")
-    ap.add_argument("--images", type=int, default=128)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--max-new-tokens", type=int, default=200)
-    ap.add_argument("--max-pixels", type=int, default=768 * 28 * 28)
-    ap.add_argument("--workdir", default=None, help="where the random checkpoint is saved")
-    args = ap.parse_args()
+def _row(name: str, p: Pass) -> str:
+    pad = f"{100 * p.padding_share:5.1f} %" if p.padding_share is not None else "      -"
+    return (f"{name:34}{p.images / p.seconds:>10.2f}{p.tokens / p.seconds:>10.0f}"
+            f"{p.tokens / p.images:>12.1f}{pad:>10}  {p.statuses or ''}")
 
+
+_HEADER = f"{'':34}{'images/s':>10}{'tokens/s':>10}{'tokens/img':>12}{'padding':>10}  statuses"
+
+
+# ----------------------------------------------------------------------- --bare
+
+
+def run_bare(args) -> None:
     import torch
 
-    from etl.config import CaptionVersionConfig
-    from udfs.caption import CaptionSpec, TransformersCaptioner
+    from udfs.captioner import CaptionSpec, TransformersCaptioner
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     workdir = Path(args.workdir or tempfile.gettempdir()) / f"lakeshard-bench-{args.arch}-{dtype}"
     t0 = time.perf_counter()
     path = build_checkpoint(args.arch, workdir, args.device, dtype, args.max_pixels)
-    settings = CaptionVersionConfig(
-        name="bench", model=str(path), max_new_tokens=args.max_new_tokens,
-        batch_size=args.batch_size, min_pixels=28 * 28, max_pixels=args.max_pixels,
-        device=args.device.split(":")[0], dtype=dtype,
-    )
+    settings = BenchSettings(max_new_tokens=args.max_new_tokens, min_pixels=args.min_pixels,
+                             max_pixels=args.max_pixels, device=args.device, dtype=dtype)
     spec = CaptionSpec(settings=settings, model_path=str(path), local_files_only=True)
     cap = TransformersCaptioner(spec, args.device)
-    params = sum(p.numel() for p in cap.model.parameters()) / 1e9
-    print(f"{args.arch}: {params:.2f} B parameters, {dtype} on {args.device} "
-          f"({torch.cuda.get_device_name() if args.device.startswith('cuda') else 'cpu'}); "
-          f"checkpoint ready in {time.perf_counter() - t0:.0f} s")
-    images = make_images(args.images, args.max_pixels)
-    warm = images[: min(len(images), args.batch_size)]
-    bare_loop(cap, spec, warm[:2])  # warm-up: kernels, allocator
-    rows = []
-    b_s, b_tok = bare_loop(cap, spec, images)
-    rows.append(("bare processor + generate", b_s, b_tok, {}))
-    l_s, l_tok, statuses = lakeshard_loop(cap, spec, images)
-    rows.append(("lakeshard caption_images", l_s, l_tok, statuses))
-    print(f"\n{args.images} images (~{args.max_pixels / 1e6:.2f} MP), batch {args.batch_size}, "
-          f"max_new_tokens {args.max_new_tokens}\n")
-    print(f"{'':28}{'images/s':>10}{'tokens/s':>10}{'tokens/img':>12}  statuses")
-    for name, s, tok, st in rows:
-        print(f"{name:28}{args.images / s:>10.2f}{tok / s:>10.0f}{tok / args.images:>12.1f}  "
-              f"{st or ''}")
-    print(f"\nratio lakeshard/bare = {b_s / l_s:.2f}")
+    params = sum(p.numel() for p in cap.model.parameters())
+    size = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    attn = getattr(cap.model.config, "_attn_implementation", "?")
+    print(f"{args.arch}: {size} parameters, {dtype}, attention {attn}, on "
+          f"{args.device} ({gpu}); torch {torch.__version__}; checkpoint ready in "
+          f"{time.perf_counter() - t0:.0f} s")
+    images, what = make_images(args.images, args.max_pixels)
+    print(f"{args.images} {what}, {args.min_pixels}-{args.max_pixels} pixels, "
+          f"max_new_tokens {args.max_new_tokens}, reference {REFERENCE}")
+    warm = replace(spec, settings=replace(settings, batch_size=2))
+    hand_loop(cap, warm, images[:2])  # warm-up: kernels, allocator
+    for batch in args.batch_sizes:
+        s = replace(spec, settings=replace(settings, batch_size=batch))
+        print(f"\nbatch size {batch}\n{_HEADER}")
+        try:
+            secs, toks = hand_loop(cap, s, images)
+            print(_row("hand loop (table order)", Pass(secs, len(images), toks)))
+        except torch.OutOfMemoryError:
+            print(f"{'hand loop (table order)':34}  out of memory")
+            cap.release_memory()
+        order = lakeshard_loop(cap, s, [images], by_size=False)
+        print(_row("caption_images, table order", order))
+        grouped = lakeshard_loop(cap, s, [images], by_size=True)
+        print(_row("caption_images, grouped by size", grouped))
+        if cap.batch_limit:
+            print(f"  (out of memory: batch size lowered to {cap.batch_limit})")
+            cap.batch_limit = None
+
+
+# ----------------------------------------------------------------------- --spark
+
+
+def _bare_worker(model: str, settings: dict, windows, rounds: int, barrier, results) -> None:
+    """One bare process with one torch thread (as a Spark worker has): load, warm up,
+    then per round caption its windows in table order, then grouped by size, each pass
+    started together with the other processes."""
+    import torch
+
+    torch.set_num_threads(1)
+    from udfs.captioner import CaptionSpec, TransformersCaptioner
+
+    spec = CaptionSpec(settings=BenchSettings(**settings), model_path=model,
+                       local_files_only=True)
+    cap = TransformersCaptioner(spec, "cpu")
+    lakeshard_loop(cap, spec, [windows[0][:2]], by_size=True)
+    for _ in range(rounds):
+        for by_size in (False, True):
+            barrier.wait()
+            results.put((by_size, lakeshard_loop(cap, spec, windows, by_size=by_size)))
+            barrier.wait()
+
+
+def _combine(passes: list[Pass], seconds: float) -> Pass:
+    images = sum(p.images for p in passes)
+    statuses: dict[str, int] = {}
+    for p in passes:
+        for k, v in (p.statuses or {}).items():
+            statuses[k] = statuses.get(k, 0) + v
+    return Pass(seconds, images, sum(p.tokens for p in passes),
+                sum(p.padding_share * p.images for p in passes) / images, statuses)
+
+
+class _BareProcesses:
+    """One process per Spark task slot, each with the windows that slot would take."""
+
+    def __init__(self, model: str, settings: BenchSettings, slots: list[list], rounds: int):
+        import multiprocessing as mp
+        from dataclasses import asdict
+
+        ctx = mp.get_context("spawn")
+        self.barrier, self.results = ctx.Barrier(len(slots) + 1), ctx.Queue()
+        self.procs = [ctx.Process(target=_bare_worker, args=(
+            model, asdict(settings), windows, rounds, self.barrier, self.results))
+            for windows in slots]
+        for p in self.procs:
+            p.start()
+
+    def run(self) -> dict[bool, Pass]:
+        """One round: table order, then grouped by size; {by_size: pass}."""
+        out = {}
+        for by_size in (False, True):
+            self.barrier.wait()  # all loaded and warm: start together
+            t0 = time.perf_counter()
+            passes = [self.results.get() for _ in self.procs]
+            seconds = time.perf_counter() - t0
+            self.barrier.wait()
+            assert all(b == by_size for b, _ in passes)
+            out[by_size] = _combine([p for _, p in passes], seconds)
+        return out
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.join()
+
+
+def run_spark(args) -> None:
+    import lance
+    import pyarrow as pa
+
+    from etl import tables
+    from etl.config import parse_config
+    from etl.jobs.caption import caption
+    from etl.pipeline.preflight import check_config
+    from etl.session import get_spark
+
+    cores = args.slots
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="lakeshard-caption-bench-"))
+    path = build_checkpoint(args.arch, work / f"model-{args.arch}", "cpu", "float32",
+                            args.max_pixels)
+    settings = BenchSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_sizes[0],
+                             min_pixels=args.min_pixels, max_pixels=args.max_pixels,
+                             device="cpu", dtype="float32", language="en")
+    images, what = make_images(args.images, args.max_pixels)
+    per = len(images) // args.fragments
+    windows = [images[f * per : (f + 1) * per] for f in range(args.fragments)]
+    images = [b for w in windows for b in w]
+    print(f"{args.arch} ({ARCH_NOTE.get(args.arch, '')}), float32 on cpu; {len(images)} "
+          f"{what} in {args.fragments} fragments, {args.min_pixels}-{args.max_pixels} "
+          f"pixels, batch size {settings.batch_size}, max_new_tokens "
+          f"{settings.max_new_tokens}; local[{cores}]; best of {args.rounds} alternating "
+          f"rounds; load average {os.getloadavg()[0]:.1f}", flush=True)
+
+    root = work / "root"
+    table = pa.table({"sample_id": [f"id_{i:04d}" for i in range(len(images))],
+                      "image": images, "keep": [True] * len(images)})
+    lance.write_dataset(table, str(root / "lance/default/curated.lance"), mode="overwrite",
+                        max_rows_per_file=per)
+    version = {"model": str(path), "max_new_tokens": settings.max_new_tokens,
+               "batch_size": settings.batch_size, "min_pixels": settings.min_pixels,
+               "max_pixels": settings.max_pixels, "prompt": settings.prompt}
+    first = {f"id_{f * per:04d}" for f in range(args.fragments)}
+    warm_where = "sample_id IN ({})".format(", ".join(f"'{s}'" for s in sorted(first)))
+    versions = {}
+    for r in range(args.rounds):
+        versions.update({f"warm{r}": {**version, "where": warm_where}, f"timed{r}": version})
+    cfg = check_config(parse_config({
+        "storage": {"root": str(root)},
+        "spark": {"master": f"local[{cores}]", "jars_dir": str(REPO / ".jars"),
+                  "conf": {"spark.ui.enabled": "false",
+                           "spark.ui.showConsoleProgress": "false"}},
+        "sources": [{"name": "none", "kind": "image_folder", "path": str(work)}],
+        "caption": {"versions": versions},
+    }))
+    assert tables.layout(cfg).curated == str(root / "lance/default/curated.lance")
+
+    # Spark's slots take fragments in turn: slot k gets fragments k, k + slots, ...
+    bare = _BareProcesses(str(path), settings, [windows[k::cores] for k in range(cores)],
+                          args.rounds)
+    spark = get_spark(cfg)
+    best: dict[str, Pass] = {}
+
+    def keep(name: str, p: Pass) -> None:
+        print(_row(name, p), flush=True)
+        if name not in best or p.seconds < best[name].seconds:
+            best[name] = p
+
+    names = (f"bare, {cores} processes, table order", f"bare, {cores} processes, grouped",
+             f"Spark caption stage, local[{cores}]")
+    print(_HEADER)
+    loads = []
+    for r in range(args.rounds):
+        passes = bare.run()
+        keep(names[0], passes[False])
+        keep(names[1], passes[True])
+        # Right before the timed run (Spark stops workers idle for a minute): one row
+        # per fragment, so every slot's worker loads the model.
+        warm = caption(spark, cfg, f"warm{r}")
+        timed = caption(spark, cfg, f"timed{r}")
+        loads.append((warm.model_loads, timed.model_loads))
+        keep(names[2], Pass(timed.seconds, timed.captioned, timed.tokens,
+                            timed.padding_share, timed.statuses))
+    bare.close()
+    spark.stop()
+
+    print(f"\nbest of {args.rounds}:\n{_HEADER}")
+    for name in names:
+        print(_row(name, best[name]))
+    rate = {k: p.images / p.seconds for k, p in best.items()}
+    print(f"\nmodel loads (warm-up, timed) per round: {loads}")
+    print(f"padding share: table order {100 * best[names[0]].padding_share:.1f} % -> grouped "
+          f"by size {100 * best[names[1]].padding_share:.1f} %")
+    print(f"ratio Spark stage / bare (grouped, same layout) = "
+          f"{rate[names[2]] / rate[names[1]]:.2f} (target >= 0.9)")
+    print(f"load average after: {os.getloadavg()[0]:.1f}")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--bare", action="store_true", help="no Spark: the GPU bench")
+    mode.add_argument("--spark", action="store_true", help="Spark stage vs bare loop (CPU)")
+    ap.add_argument("--arch", choices=sorted(ARCHS), default=None,
+                    help="default: qwen2_5_vl_7b with --bare, mid with --spark")
+    ap.add_argument("--device", default="cuda:0", help="--bare: cuda:N or cpu")
+    ap.add_argument("--dtype", default=None, help="--bare: default bfloat16 on cuda")
+    ap.add_argument("--images", type=int, default=None, help="default: 256 bare, 64 spark")
+    ap.add_argument("--batch-sizes", type=_ints, default=None,
+                    help="comma-separated; default 8,16,32,64 bare, 4 spark")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="default: 200 bare, 24 spark")
+    ap.add_argument("--min-pixels", type=int, default=4 * 28 * 28)
+    ap.add_argument("--max-pixels", type=int, default=None,
+                    help="default: 768*28*28 (~0.6 MP) bare, 128*28*28 spark")
+    ap.add_argument("--fragments", type=int, default=4, help="--spark: Lance fragments")
+    ap.add_argument("--slots", type=int, default=2, help="--spark: local[N]")
+    ap.add_argument("--rounds", type=int, default=2, help="--spark: best of, alternating")
+    ap.add_argument("--workdir", default=None, help="where checkpoints (and tables) go")
+    args = ap.parse_args(argv)
+    bare = args.bare
+    args.arch = args.arch or ("qwen2_5_vl_7b" if bare else "mid")
+    args.images = args.images or (256 if bare else 64)
+    args.batch_sizes = args.batch_sizes or ([8, 16, 32, 64] if bare else [4])
+    args.max_new_tokens = args.max_new_tokens or (200 if bare else 24)
+    args.max_pixels = args.max_pixels or ((768 if bare else 128) * 28 * 28)
+    if bare:
+        run_bare(args)
+    else:
+        run_spark(args)
 
 
 if __name__ == "__main__":

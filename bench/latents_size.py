@@ -1,7 +1,7 @@
 """Text latents: bytes per sample and encoder time, to decide precompute vs. online.
 
     .venv/bin/python bench/latents_size.py                      # all-MiniLM-L6-v2, CPU
-    .venv/bin/python bench/latents_size.py --tokens 77,256 --captions 512 --device cuda
+    .venv/bin/python bench/latents_size.py --tokens 77,256 --captions 512 --device cuda:0
 
 For each ``max_tokens`` it encodes the same synthetic captions (5-60 words) with the
 real encoder (lakeshard's own ``udfs.latents.encode_texts``), then measures, side by

@@ -14,7 +14,9 @@ Layout 1 (lakeshard up to 0.1.0, before the architecture refactor) -> layout 2:
 
 Each step checks what is there, so a migration interrupted half-way finishes on the
 next run. ``<root>/_lakeshard/layout.json`` records the layout once every step is done;
-with it, a run pays one small read and nothing else.
+with it, a run pays one small read and nothing else -- on a local root or on S3 alike
+(the marker is read and written with :mod:`etl.writers.remote`; a store that does not
+answer fails the run, it is never taken for "no marker").
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import logging
 
 from etl import tables
 from etl.config import Config
+from etl.writers.remote import read_file, write_file
 
 __all__ = ["LAYOUT_VERSION", "CURATED_RENAMES", "migrate"]
 
@@ -40,30 +43,16 @@ _LEGACY_MANIFEST = "samples"
 
 
 def _marker(cfg: Config) -> str:
-    return f"{cfg.storage.root.rstrip('/')}/_lakeshard/layout.json"
-
-
-def _fs(uri: str):
-    import pyarrow.fs as pafs
-
-    return pafs.FileSystem.from_uri(uri)
+    return f"{tables.layout(cfg).meta_dir}/layout.json"
 
 
 def _layout_version(cfg: Config) -> int | None:
-    import pyarrow.fs as pafs
-
-    fs, path = _fs(_marker(cfg))
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return None
-    with fs.open_input_stream(path) as f:
-        return int(json.loads(f.read())["layout"])
+    body = read_file(_marker(cfg))
+    return None if body is None else int(json.loads(body)["layout"])
 
 
 def _write_layout_version(cfg: Config) -> None:
-    fs, path = _fs(_marker(cfg))
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(json.dumps({"layout": LAYOUT_VERSION}).encode())
+    write_file(_marker(cfg), json.dumps({"layout": LAYOUT_VERSION}).encode())
 
 
 def _rename_curated_columns(cfg: Config) -> str | None:

@@ -1,8 +1,10 @@
 """Bundled sample sources for the embedded default config.
 
 Built on first run from real photos that scikit-image ships inside its wheel (read
-from the installed package; nothing is downloaded): an image folder with sidecar
-captions and a parquet file with embedded image bytes and alt text. Each sample also
+from the installed package; nothing is downloaded), on local disk -- also when
+``storage.root`` is on an object store (they are inputs, read by a local Spark): an
+image folder with sidecar captions and a parquet file with embedded image bytes and
+alt text. Each sample also
 carries a few bad records, so a first run shows how rejects are reported.
 """
 
@@ -227,7 +229,8 @@ def ensure_samples(cfg: Config) -> list[SourceConfig]:
         if src.kind not in _BUILDERS or not is_local_path(src.path):
             raise ConfigError(
                 f"source {src.name!r}: sample: true needs a local path and kind "
-                f"{' or '.join(sorted(_BUILDERS))}"
+                f"{' or '.join(sorted(_BUILDERS))} (samples are built on this machine's "
+                "disk; they stay there with a storage.root on an object store)"
             )
         path = local_path(src.path)
         builder = _BUILDERS[src.kind]

@@ -4,6 +4,14 @@ Delta comes in through its JARs (``spark.jars`` from the folder ``make jars`` fi
 and its SQL extension and catalog; Lance through the Python data source
 :class:`etl.writers.lance.LanceDataSource`, registered as format ``lance`` (SQL views
 over the tables: :mod:`etl.lakehouse.views`).
+
+Object storage: when the root or a source is on ``s3://``/``s3a://`` and lakeshard
+supplies Spark's JARs, it adds the Hadoop S3A connector (``<jars_dir>/s3a``, filled by
+``make jars-s3a``), maps ``s3://`` to it, and points it at the store the rest of the
+process uses (``storage.s3`` over the AWS environment: endpoint, region, path style;
+credentials from the environment / instance profile / web identity, never in Spark's
+conf). Platforms with their own ``s3://`` filesystem (EMR's EMRFS, Databricks) install
+their JARs themselves (``spark.jars_dir: null``) and get nothing added.
 """
 
 from __future__ import annotations
@@ -17,11 +25,38 @@ from pathlib import Path
 from pyspark.sql import SparkSession
 
 from etl.config import Config
+from etl.config.runtime import S3_SCHEMES, S3A_RETRY_CONF
 from etl.errors import JarsMissingError
+from etl.tables import use_storage
+from etl.writers.remote import s3_settings
 
-__all__ = ["spark_conf", "get_spark", "JarsMissingError"]
+__all__ = ["spark_conf", "get_spark", "JarsMissingError", "uses_s3", "supplies_s3a"]
 
 _DELTA_JAR = "delta-spark_4.1_2.13-*.jar"
+_S3A_JAR = "hadoop-aws-*.jar"
+_S3A_FS = "org.apache.hadoop.fs.s3a.S3AFileSystem"
+# Credentials: the AWS SDK's default chain -- environment (AWS_ACCESS_KEY_ID, ...,
+# AWS_SESSION_TOKEN), system properties, web identity (EKS IRSA), profile, container
+# (EKS Pod Identity, ECS), EC2 instance profile.
+_S3A_CREDENTIALS = "software.amazon.awssdk.auth.credentials.DefaultCredentialsProvider"
+
+
+def uses_s3(cfg: Config) -> bool:
+    """Whether Spark reads or writes ``s3://``/``s3a://`` paths for `cfg`: the root, or
+    a source. (Exports and the run lock go through boto3, not Spark.)"""
+    paths = [cfg.storage.root, *(s.path for s in cfg.sources)]
+    return any(p.split("://", 1)[0] in S3_SCHEMES for p in paths if "://" in p)
+
+
+def supplies_s3a(cfg: Config) -> bool:
+    """Whether lakeshard configures S3A for Spark (storage.s3.connector; `auto`: when it
+    supplies the JARs and Spark touches S3)."""
+    connector = cfg.storage.s3.connector
+    if connector == "platform":
+        return False
+    if connector == "s3a":
+        return True
+    return cfg.spark.jars_dir is not None and uses_s3(cfg)
 
 
 def _jar_paths(cfg: Config) -> list[str]:
@@ -34,7 +69,47 @@ def _jar_paths(cfg: Config) -> list[str]:
             f"Delta JAR ({_DELTA_JAR}) not found in {jars_dir} (spark.jars_dir). "
             "Run `make jars` (needs Maven: `apt-get install maven`) to fetch it."
         )
+    if supplies_s3a(cfg):
+        s3a = sorted(glob.glob(str(jars_dir / "s3a" / "*.jar")))
+        if not any(Path(j).match(_S3A_JAR) for j in s3a):
+            raise JarsMissingError(
+                f"storage on s3:// needs the Hadoop S3A connector, not found in "
+                f"{jars_dir / 's3a'} (spark.jars_dir). Run `make jars-s3a` (Maven, 12 MB) "
+                "to fetch it; on a platform with its own s3:// filesystem set "
+                "storage.s3.connector: platform."
+            )
+        jars += s3a
     return jars
+
+
+def _s3a_conf(cfg: Config) -> dict[str, str]:
+    """Hadoop settings of S3A on the process's S3 settings (no credentials)."""
+    s = s3_settings()
+    conf = {
+        "spark.hadoop.fs.s3.impl": _S3A_FS,
+        "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
+        "spark.hadoop.fs.s3a.aws.credentials.provider": _S3A_CREDENTIALS,
+        "spark.hadoop.fs.s3a.path.style.access": "true" if s.path_style else "false",
+        **{f"spark.hadoop.{k}": v for k, v in S3A_RETRY_CONF.items()},
+    }
+    if s.endpoint:
+        conf["spark.hadoop.fs.s3a.endpoint"] = s.endpoint
+        conf["spark.hadoop.fs.s3a.connection.ssl.enabled"] = (
+            "false" if s.endpoint.startswith("http://") else "true")
+    if s.region:
+        conf["spark.hadoop.fs.s3a.endpoint.region"] = s.region
+    return conf
+
+
+def _executor_env(cfg: Config) -> dict[str, str]:
+    """The non-secret S3 settings for executors' Python workers (pylance, the MDS
+    writer), as the driver resolved them; empty when no S3 setting is in play."""
+    keys = ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_REGION",
+            "AWS_DEFAULT_REGION", "AWS_ALLOW_HTTP", "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
+            "AWS_RETRY_MODE", "AWS_MAX_ATTEMPTS")
+    if not (uses_s3(cfg) or any(os.environ.get(k) for k in keys[:3])):
+        return {}
+    return {f"spark.executorEnv.{k}": os.environ[k] for k in keys if os.environ.get(k)}
 
 
 def spark_conf(cfg: Config) -> dict[str, str]:
@@ -60,13 +135,25 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # and MERGE of the small rejects/manifest/ledger tables, ~all overhead on one
         # machine. A cluster keeps Delta's default (or sets its own in spark.conf).
         conf["spark.databricks.delta.snapshotPartitions"] = "4"
+    use_storage(cfg.storage)
     jars = _jar_paths(cfg)
     if jars:
         conf["spark.jars"] = ",".join(jars)
+    if supplies_s3a(cfg):
+        conf.update(_s3a_conf(cfg))
+    conf.update(_executor_env(cfg))
     root = cfg.storage.root
-    if "://" not in root:
-        conf["spark.sql.warehouse.dir"] = str(Path(root, "warehouse").resolve())
+    # lakeshard keeps no catalog tables (path-based Delta, Lance views), but Spark makes
+    # its warehouse folder at start: under a local root, else in the local cache -- never
+    # a spark-warehouse/ in the working directory.
+    warehouse = Path(root, "warehouse") if not cfg.storage.is_remote else Path(
+        cfg.storage.local_cache, "spark-warehouse")
+    conf["spark.sql.warehouse.dir"] = str(warehouse.resolve())
+    # Extra JARs from config add to lakeshard's list instead of replacing it.
+    extra = cfg.spark.conf.get("spark.jars")
     conf.update(cfg.spark.conf)
+    if extra and jars:
+        conf["spark.jars"] = ",".join([*jars, *(j for j in extra.split(",") if j.strip())])
     return conf
 
 

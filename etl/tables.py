@@ -12,6 +12,13 @@ to open it (or fail saying which command creates it).
     <root>/delta/takedowns                   takedown requests and what they matched
     <root>/mds/<export>/                     MDS exports
     <root>/reports/<run_id>/                 run reports
+    <root>/_lock/run.lock                    the run lock (a file, or an S3 object)
+
+The root may be a local folder or ``s3://bucket/prefix`` (``s3a://``): Delta paths keep
+the root's scheme (Spark's connector reads them), Lance tables and exports are handed
+out as ``s3://`` (what pylance and boto3 speak). :func:`use_storage` points this
+process's S3 clients at the root's store; every helper here that hands out a path under
+a root calls it first.
 
 The dedup table's state (the settings and curated version it covers, in its Delta
 properties) and the set of rows exports leave out are here too: curate, export, the
@@ -21,9 +28,11 @@ report and the SQL views all read them.
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 
 from etl.config import Config, StorageConfig
+from etl.config.runtime import S3_SCHEMES, is_url
 from etl.errors import TableMissingError
 
 __all__ = [
@@ -38,6 +47,8 @@ __all__ = [
     "DEDUP_CURATED_VERSION",
     "Layout",
     "layout",
+    "use_storage",
+    "object_url",
     "export_path",
     "lock_path",
     "lance_exists",
@@ -69,6 +80,25 @@ def _join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
 
 
+def object_url(path: str) -> str:
+    """`path` as pylance, boto3 and Mosaic Streaming spell it: ``s3a://`` -> ``s3://``
+    (the same object); anything else unchanged."""
+    for scheme in S3_SCHEMES:
+        if path.startswith(f"{scheme}://"):
+            return "s3://" + path[len(scheme) + 3:]
+    return path
+
+
+def use_storage(storage: StorageConfig) -> None:
+    """Point this process's S3 clients at `storage`'s store: the standard AWS
+    environment with ``storage.s3`` applied, written back into ``os.environ`` (endpoint,
+    region, addressing style, plain-HTTP permission, retry mode -- never credentials),
+    where boto3, pylance and Mosaic Streaming read it. Idempotent; cheap."""
+    for key, value in storage.s3.resolve(os.environ).environment(os.environ).items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
 @dataclass(frozen=True)
 class Layout:
     """Paths under one storage root."""
@@ -78,11 +108,12 @@ class Layout:
 
     @classmethod
     def of(cls, storage: StorageConfig) -> Layout:
+        use_storage(storage)
         return cls(storage.root, storage.namespace)
 
     @property
     def lance_dir(self) -> str:
-        return _join(self.root, "lance", self.namespace)
+        return _join(object_url(self.root), "lance", self.namespace)
 
     @property
     def delta_dir(self) -> str:
@@ -90,11 +121,16 @@ class Layout:
 
     @property
     def mds_dir(self) -> str:
-        return _join(self.root, "mds")
+        return _join(object_url(self.root), "mds")
 
     @property
     def reports_dir(self) -> str:
-        return _join(self.root, "reports")
+        return _join(object_url(self.root), "reports")
+
+    @property
+    def meta_dir(self) -> str:
+        """lakeshard's own state under the root (the layout marker)."""
+        return _join(object_url(self.root), "_lakeshard")
 
     @property
     def samples_dir(self) -> str:
@@ -146,26 +182,40 @@ def layout(cfg: Config) -> Layout:
 
 
 def lock_path(cfg: Config) -> str:
-    """The run lock of this root: `run.lock_path`, or <root>/_lock/run.lock."""
-    return cfg.run.lock_path or _join(cfg.storage.root, "_lock", "run.lock")
+    """The run lock of this root: `run.lock_path`, or <root>/_lock/run.lock (an S3
+    object on an ``s3://`` root: etl.runtime.lock takes it with a conditional write)."""
+    use_storage(cfg.storage)
+    return object_url(cfg.run.lock_path or _join(cfg.storage.root, "_lock", "run.lock"))
 
 
 def export_path(cfg: Config, name: str) -> str:
     """Where export `name` is written: its `path`, or <root>/mds/<name>."""
-    return cfg.export(name).path or layout(cfg).export_dir(name)
+    use_storage(cfg.storage)
+    return object_url(cfg.export(name).path or layout(cfg).export_dir(name))
 
 
 # ----------------------------------------------------------------------------- Lance
 
 
+def _not_found(exc: Exception) -> bool:
+    """pylance's "no dataset here" (as opposed to a store that did not answer)."""
+    text = str(exc)
+    return "was not found" in text or "Not found:" in text.split(",", 1)[0]
+
+
 def lance_exists(path: str) -> bool:
+    """Whether a Lance table is at `path`. A store that does not answer (after
+    pylance's retries) raises: on object storage "unreachable" must never read as
+    "absent", or a writer would start the table afresh."""
     import lance
 
     try:
         lance.dataset(path)
         return True
-    except (ValueError, OSError):
-        return False
+    except (ValueError, OSError) as exc:
+        if _not_found(exc) or not is_url(path) and not os.path.exists(path):
+            return False
+        raise OSError(f"could not read the Lance table at {path}: {exc}") from None
 
 
 def open_curated(cfg: Config, version: int | None = None):
@@ -176,11 +226,13 @@ def open_curated(cfg: Config, version: int | None = None):
     try:
         return lance.dataset(path, version=version)
     except (ValueError, OSError) as exc:
-        if version is not None and lance_exists(path):
+        if not lance_exists(path):  # raises when the store does not answer
+            raise TableMissingError(
+                f"no curated table at {path}: run `lakeshard curate` first"
+            ) from None
+        if version is not None:
             raise TableMissingError(f"{path} has no version {version}: {exc}") from None
-        raise TableMissingError(
-            f"no curated table at {path}: run `lakeshard curate` first"
-        ) from None
+        raise
 
 
 # ----------------------------------------------------------------------------- Delta

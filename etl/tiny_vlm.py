@@ -8,8 +8,11 @@ on a few sentences. Its captions are noise; they exercise the whole pipeline, no
 more. Point ``caption.versions.<name>.model`` at a real checkpoint (a local folder or a
 hub id such as ``Qwen/Qwen2.5-VL-7B-Instruct``) for real captions.
 
-:func:`ensure_tiny_vlm` builds it once into a folder (``<root>/models/tiny-qwen2_5_vl``)
-with ``save_pretrained``; everything then loads it back by path, like any checkpoint.
+:func:`ensure_tiny_vlm` builds it once into a local folder
+(``<storage.cache_dir>/models/tiny-qwen2_5_vl``: ``<root>/cache`` for a local root,
+``~/.cache/lakeshard`` for an object-store root) with ``save_pretrained``; everything then
+loads it back by path, like any checkpoint. Only processes that see that folder can load
+it: local runs (``local[*]``), or a cache folder every node mounts.
 """
 
 from __future__ import annotations

@@ -15,12 +15,9 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 import hashlib  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import lance  # noqa: E402
-import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from conftest import REPO, make_config  # noqa: E402
 from PIL import Image  # noqa: E402
@@ -34,6 +31,7 @@ from udfs.caption import (  # noqa: E402
     caption_images,
     load_image,
 )
+from udfs.captioner import plan_batches  # noqa: E402
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "immunohistochemistry")
 
@@ -48,11 +46,17 @@ def _photo_jpeg(name: str, side: int = 96) -> bytes:
     return buf.getvalue()
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
+def shared_tiny_model(tmp_path_factory) -> str:
+    """The smoke-test model, built once per test session into one folder that every
+    caption test module's `tiny_model` fixture returns."""
     from etl.tiny_vlm import ensure_tiny_vlm
 
-    return str(ensure_tiny_vlm(tmp_path_factory.mktemp("models")))
+    return str(ensure_tiny_vlm(tmp_path_factory.getbasetemp() / "caption-models"))
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    return shared_tiny_model(tmp_path_factory)
 
 
 def _spec(model: str, **kw) -> CaptionSpec:
@@ -128,21 +132,76 @@ def test_default_config_has_a_smoke_version_on_cpu():
 
 
 def test_caption_images_real_model_bad_rows_and_image_conditioning(tiny_model):
-    images = pd.Series([_photo_jpeg("astronaut"), b"\xff\xd8\xff garbage", None,
-                        _photo_jpeg("coffee")])
+    images = [_photo_jpeg("astronaut"), b"\xff\xd8\xff garbage", None, _photo_jpeg("coffee")]
     spec = _spec(tiny_model)
     out = caption_images(spec, images)
-    assert out["status"].tolist() == ["ok", "bad_image", "bad_image", "ok"]
-    assert out["error"][1].startswith("undecodable image") and out["error"][2] == (
-        "missing image bytes")
-    assert out["caption"][1] is None and out["caption"][2] is None
-    assert all(isinstance(out["caption"][i], str) for i in (0, 3))
-    assert all(1 <= out["tokens"][i] <= spec.settings.max_new_tokens for i in (0, 3))
+    assert out.status == ["ok", "bad_image", "bad_image", "ok"]
+    assert out.error[1].startswith("undecodable image") and out.error[2] == "missing image bytes"
+    assert out.caption[1] is None and out.caption[2] is None
+    assert all(isinstance(out.caption[i], str) for i in (0, 3))
+    assert all(1 <= out.tokens[i] <= spec.settings.max_new_tokens for i in (0, 3))
     # A random model still conditions on the pixels: different photos, different text.
-    assert out["caption"][0] != out["caption"][3]
+    assert out.caption[0] != out.caption[3]
     # Greedy decoding: the same input gives the same caption, alone or in a batch.
-    alone = caption_images(spec, images.iloc[[3]])
-    assert alone["caption"].tolist() == [out["caption"][3]]
+    alone = caption_images(spec, images[3:])
+    assert alone.caption == [out.caption[3]]
+
+
+def test_plan_batches_groups_by_size_within_count_and_token_budget():
+    tokens = [4, 16, 6, 12, 16, 1]
+    assert plan_batches(tokens, 2) == [[1, 4], [3, 2], [0, 5]]  # largest first
+    assert plan_batches(tokens, 2, by_size=False) == [[0, 1], [2, 3], [4, 5]]
+    # At most 3 images and 24 padded tokens (size x largest): 16+16 is 32, 12+6 is 24.
+    assert plan_batches(tokens, 3, 24) == [[1], [4], [3, 2], [0, 5]]
+    assert plan_batches([30, 2], 4, 24) == [[0], [1]]  # over the budget: alone
+    assert plan_batches([], 4) == []
+
+
+def _image_tokens(proc, data: bytes, spec: CaptionSpec) -> int:
+    """Image tokens of one image, counted in the processor's own output."""
+    img = Image.open(io.BytesIO(data)).convert("RGB")
+    ids = proc(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[img],
+               min_pixels=spec.settings.min_pixels, max_pixels=spec.settings.max_pixels,
+               return_tensors="pt")["input_ids"][0]
+    return int((ids == proc.tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum())
+
+
+def test_size_grouped_batches_pad_less_and_rows_keep_their_order(tiny_model):
+    # Small, large, small, large: table order pairs each small image with a large one.
+    images = [_photo_jpeg(n, side) for n, side in
+              (("astronaut", 40), ("chelsea", 128), ("coffee", 64), ("rocket", 112))]
+    spec = _spec(tiny_model, batch_size=2, min_pixels=28 * 28, max_pixels=200 * 200)
+    from transformers import AutoProcessor
+
+    proc = AutoProcessor.from_pretrained(tiny_model)
+    tokens = [_image_tokens(proc, b, spec) for b in images]
+    assert len(set(tokens)) == 4, tokens
+
+    grouped = caption_images(spec, images)
+    in_order = caption_images(spec, images, by_size=False)
+    assert grouped.status == in_order.status == ["ok"] * 4
+    assert grouped.image_tokens == in_order.image_tokens == tokens
+    # Expected padding: each batch pads its rows to its largest image.
+    big, small = sorted(range(4), key=lambda i: -tokens[i])[:2], sorted(
+        range(4), key=lambda i: -tokens[i])[2:]
+    want_grouped = sum(max(tokens[i] for i in b) - tokens[i] for b in (big, small) for i in b)
+    want_in_order = sum(max(tokens[i] for i in b) - tokens[i] for b in ([0, 1], [2, 3])
+                        for i in b)
+    assert sum(grouped.padding) == want_grouped < sum(in_order.padding) == want_in_order
+    assert grouped.padding_share == pytest.approx(want_grouped / (want_grouped + sum(tokens)))
+    assert grouped.batch[big[0]] == grouped.batch[big[1]] != grouped.batch[small[0]]
+    # Row order is restored: each row has the caption its image gets alone.
+    assert grouped.caption == [caption_images(spec, [b]).caption[0] for b in images]
+
+    # A token budget as well as a count: no batch of two holds more padded tokens.
+    budget = sorted(tokens)[-1] + sorted(tokens)[0]
+    capped = caption_images(_spec(tiny_model, batch_size=4, min_pixels=28 * 28,
+                                  max_pixels=200 * 200, batch_tokens=budget), images)
+    batches: dict[int, list[int]] = {}
+    for i, b in enumerate(capped.batch):
+        batches.setdefault(b, []).append(tokens[i])
+    assert all(len(b) == 1 or len(b) * max(b) <= budget for b in batches.values())
+    assert len(batches) > 1 and capped.caption == grouped.caption
 
 
 class _OomAboveOne(TransformersCaptioner):
@@ -163,12 +222,12 @@ def test_out_of_memory_halves_the_batch_until_it_fits(tiny_model):
     spec = _spec(tiny_model, batch_size=4)
     cap = _OomAboveOne(spec, "cpu")
     cap.calls = []
-    images = pd.Series([_photo_jpeg(n) for n in PHOTOS[:5]])
+    images = [_photo_jpeg(n) for n in PHOTOS[:5]]
     out = caption_images(spec, images, cap)
-    assert out["status"].tolist() == ["ok"] * 5
+    assert out.status == ["ok"] * 5
     assert cap.calls == [4, 2, 1, 1, 1, 1, 1] and cap.batch_limit == 1
     reference = caption_images(spec, images)  # a captioner without the limit
-    assert out["caption"].tolist() == reference["caption"].tolist()
+    assert out.caption == reference.caption
 
 
 class _FailsOnTinyImages(TransformersCaptioner):
@@ -184,10 +243,10 @@ def test_a_failing_row_is_isolated_and_the_others_are_captioned(tiny_model):
     spec = _spec(tiny_model, batch_size=4, min_pixels=28 * 28)
     tiny = io.BytesIO()
     Image.new("RGB", (28, 28), (9, 9, 9)).save(tiny, format="PNG")
-    images = pd.Series([_photo_jpeg("astronaut"), tiny.getvalue(), _photo_jpeg("rocket")])
+    images = [_photo_jpeg("astronaut"), tiny.getvalue(), _photo_jpeg("rocket")]
     out = caption_images(spec, images, _FailsOnTinyImages(spec, "cpu"))
-    assert out["status"].tolist() == ["ok", "failed", "ok"]
-    assert out["error"][1] == "RuntimeError: shape mismatch in the vision tower"
+    assert out.status == ["ok", "failed", "ok"]
+    assert out.error[1] == "RuntimeError: shape mismatch in the vision tower"
 
 
 def test_a_hub_id_is_refused_offline(tiny_model):
@@ -224,6 +283,53 @@ def _files(path: str) -> dict[str, str]:
 def _rows(path: str, columns: list[str]) -> dict[str, dict]:
     t = lance.dataset(path).to_table(columns=["sample_id", *columns]).to_pylist()
     return {r.pop("sample_id"): r for r in t}
+
+
+def test_cli_caption_errors_and_no_op(tmp_path, tiny_model, spark, capsys):
+    """`lakeshard caption` (the CLI's `main`, in-process on the shared session): errors
+    before any Spark work with exit code 2, then a run with nothing to do."""
+    from etl.cli import main
+    from etl.columns import caption_columns
+    from etl.writers.lance_columns import write_columns
+
+    conf = tmp_path / "c.yaml"
+    conf.write_text(json.dumps({
+        "storage": {"root": str(tmp_path / "root")},
+        "spark": {"master": "local[1]", "jars_dir": str(REPO / ".jars")},
+        "sources": [{"name": "s", "kind": "image_folder", "path": str(tmp_path)}],
+        "caption": {"versions": {"a": {"model": tiny_model}}},
+    }))
+    cmd = ["--conf", str(conf), "caption"]
+    assert main(cmd) == 2 and "run `lakeshard curate` first" in capsys.readouterr().err
+    assert main([*cmd, "--version", "nope"]) == 2
+    assert "caption.versions: no version named 'nope'" in capsys.readouterr().err
+
+    # A table where every row already has version `a` (status ok): nothing to do, no
+    # Spark job, no new table version.
+    from etl.config import load_config
+    from etl.jobs.caption import caption_spec
+
+    cfg = load_config(conf)
+    spec = caption_spec(cfg, cfg.caption.version("a"))
+    path = tables.layout(cfg).curated
+    _curated(spark, path, corrupt_id="id_camera")
+    cols = caption_columns("a")
+    values = {"caption_a": "x", "caption_a_status": "ok", "caption_a_model": tiny_model,
+              "caption_a_prompt_sha256": spec.settings.prompt_sha256,
+              "caption_a_params": spec.settings.params_json()}
+    done = spark.createDataFrame(
+        [(f"id_{n}", *values.values()) for n in PHOTOS],
+        "sample_id string, " + ", ".join(f"{c} {cols[c]}" for c in values),
+    )
+    write_columns(spark, path, done)
+    version = lance.dataset(path).version
+    capsys.readouterr()
+    assert main(cmd) == 0
+    out = capsys.readouterr().out
+    assert "rows to caption   : 0 of 6" in out and "nothing to do" in out
+    assert "model loads" not in out and lance.dataset(path).version == version
+    report = out.split("report            : ")[1].strip()
+    assert json.loads(Path(report).read_text())["todo"] == 0
 
 
 @pytest.mark.slow
@@ -280,7 +386,8 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
             assert 1 <= row["caption_a_tokens"] <= 16
     # The model loaded once per Python worker, not once per batch.
     assert res.workers and all(w["model_loads"] == 1 for w in res.workers.values())
-    assert sum(w["batches"] for w in res.workers.values()) > len(res.workers)
+    assert res.batches == sum(w["batches"] for w in res.workers.values()) > len(res.workers)
+    assert res.image_tokens > 0 and 0 <= res.padding_share < 1
 
     # A rerun finds nothing to do and commits nothing.
     again = caption(spark, cfg, "a")
@@ -298,8 +405,9 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
     assert now["id_rocket"]["caption_a_at"] > got["id_rocket"]["caption_a_at"]
     assert {k: v for k, v in now.items() if k != "id_rocket"} == {
         k: v for k, v in got.items() if k != "id_rocket"}
-    # Same model in the same workers: no new load for another run.
-    assert all(w["model_loads"] == 1 for w in retry.workers.values())
+    # Same model in the caption pool's workers: at most one load per worker (none while
+    # the workers Spark keeps idle for a minute are still alive).
+    assert all(w["model_loads"] <= 1 for w in retry.workers.values())
 
     # A second version coexists with the first; its `where` picks the rows.
     res_b = caption(spark, cfg, "b")
@@ -331,51 +439,6 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
         caption(spark, changed, "a")
 
 
-def test_cli_caption_no_op_and_errors_without_spark(tmp_path, tiny_model, spark):
-    from etl.columns import caption_columns
-    from etl.writers.lance_columns import write_columns
-
-    conf = tmp_path / "c.yaml"
-    conf.write_text(json.dumps({
-        "storage": {"root": str(tmp_path / "root")},
-        "spark": {"master": "local[1]", "jars_dir": str(REPO / ".jars")},
-        "sources": [{"name": "s", "kind": "image_folder", "path": str(tmp_path)}],
-        "caption": {"versions": {"a": {"model": tiny_model}}},
-    }))
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "etl.cli", "--conf", str(conf), "caption"]
-    run = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert run.returncode == 2 and "run `lakeshard curate` first" in run.stderr
-
-    bad = subprocess.run(cmd + ["--version", "nope"], capture_output=True, text=True, env=env,
-                         timeout=120)
-    assert bad.returncode == 2 and "caption.versions: no version named 'nope'" in bad.stderr
-
-    # A table where every row already has version `a` (status ok): nothing to do, and
-    # the CLI says so without starting Spark.
-    from etl.config import load_config
-    from etl.jobs.caption import caption_spec
-
-    cfg = load_config(conf)
-    spec = caption_spec(cfg, cfg.caption.version("a"))
-    path = tables.layout(cfg).curated
-    _curated(spark, path, corrupt_id="id_camera")
-    cols = caption_columns("a")
-    values = {"caption_a": "x", "caption_a_status": "ok", "caption_a_model": tiny_model,
-              "caption_a_prompt_sha256": spec.settings.prompt_sha256,
-              "caption_a_params": spec.settings.params_json()}
-    done = spark.createDataFrame(
-        [(f"id_{n}", *values.values()) for n in PHOTOS],
-        "sample_id string, " + ", ".join(f"{c} {cols[c]}" for c in values),
-    )
-    write_columns(spark, path, done)
-    version = lance.dataset(path).version
-    ok = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
-    assert ok.returncode == 0, ok.stderr
-    assert "rows to caption   : 0 of 6" in ok.stdout and "nothing to do" in ok.stdout
-    assert "SparkContext" not in ok.stderr and lance.dataset(path).version == version
-
-
 def test_cluster_templates_schedule_gpus_from_config():
     from etl.config import load_config
 
@@ -401,5 +464,5 @@ def test_tiny_model_captions_in_bf16_on_a_gpu(tiny_model):
     spec = _spec(tiny_model, device="cuda", dtype="auto")
     cap = get_captioner(spec, device="cuda:0")
     assert cap.model.dtype == torch.bfloat16
-    out = caption_images(spec, pd.Series([_photo_jpeg(n) for n in PHOTOS[:3]]), cap)
-    assert out["status"].tolist() == ["ok"] * 3
+    out = caption_images(spec, [_photo_jpeg(n) for n in PHOTOS[:3]], cap)
+    assert out.status == ["ok"] * 3

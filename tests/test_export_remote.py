@@ -1,5 +1,6 @@
-"""An export to s3:// -- against a real S3-protocol server on 127.0.0.1 (moto's server
-mode), with the `lakeshard` command run as users run it."""
+"""An export to s3:// from a local root -- against a real S3-protocol server on 127.0.0.1
+(moto's server mode), with the `lakeshard` command run as users run it and the store
+named the standard way (AWS_ENDPOINT_URL). The whole root on S3: test_s3_pipeline.py."""
 
 from __future__ import annotations
 
@@ -25,14 +26,14 @@ def s3(tmp_path_factory):
     server.start()
     host, port = server.get_host_and_port()
     env = {
-        "S3_ENDPOINT_URL": f"http://{host}:{port}",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
         "AWS_ACCESS_KEY_ID": "test",
         "AWS_SECRET_ACCESS_KEY": "test",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    client = boto3.client("s3", endpoint_url=env["S3_ENDPOINT_URL"])
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
     client.create_bucket(Bucket=BUCKET)
     yield env, client
     for k, v in old.items():

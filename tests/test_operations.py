@@ -142,8 +142,9 @@ def test_stage_selection_keeps_registry_order():
     [
         ({"stages": ["curate", "captions"]}, None, "run.stages[1]: unknown stage 'captions'"),
         ({"stages": []}, None, "run.stages: expected a non-empty list"),
-        ({}, "s3://bucket/corpus", "run.lock_path: storage.root is an object store"),
-        ({"lock_path": "s3://b/lock"}, None, "run.lock_path: 's3://b/lock' must be a POSIX"),
+        ({}, "gs://bucket/corpus", "run.lock_path: storage.root is on gs://, where"),
+        ({"lock_path": "gs://b/lock"}, None,
+         "run.lock_path: 'gs://b/lock': an object-store lock must be s3://bucket/key"),
         ({"progress_interval_s": -1}, None, "run.progress_interval_s: must be >= 0"),
         ({"heartbeat_s": 60, "stale_lock_s": 60}, None, "run.heartbeat_s: 60 must be below"),
         ({"report": "yes"}, None, "run.report: expected true or false"),

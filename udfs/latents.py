@@ -20,7 +20,9 @@ Per-row failures are data: a batch that raises is retried caption by caption, an
 caption that still fails, or whose latents are not finite in the stored dtype (float16
 overflows at 65504), gets no latents and an ``error`` (``encoder_error: …`` or
 ``non_finite``). Devices come from config (``cpu``, ``cuda`` = the GPU Spark assigned
-to the task, ``cuda:N``), never from probing the machine that builds the plan.
+to the task, ``cuda:N``), never from probing the machine that builds the plan; the job
+runs the mapper in a Python worker pool of its own
+(:func:`udfs.worker.python_worker_pool`), so the encoder loads once per task slot.
 """
 
 from __future__ import annotations
@@ -108,24 +110,21 @@ def _torch_dtype(name: str):
 
 
 def _device(spec: LatentEncoderConfig) -> str:
-    if spec.device == "cpu":
-        return "cpu"
+    """cpu; cuda:N as configured; cuda: the GPU Spark assigned to this task (a task
+    without one fails naming the Spark settings to add, never a guess)."""
+    from udfs.worker import task_device
+
+    device = task_device(spec.device, f"latents.encoders.{spec.name}.device")
+    if device == "cpu":
+        return device
     import torch
 
     if not torch.cuda.is_available():
         raise RuntimeError(
             f"latents encoder {spec.name!r}: device {spec.device!r} is configured but this "
-            "executor has no CUDA device (set device: cpu, or run on GPU executors)"
+            "machine has no usable CUDA device (set device: cpu, or run on GPU executors)"
         )
-    if spec.device == "cuda":
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        gpus = ctx.resources().get("gpu") if ctx is not None else None
-        if gpus is not None and gpus.addresses:
-            return f"cuda:{gpus.addresses[0]}"  # the GPU Spark scheduled this task on
-        return "cuda:0"
-    return spec.device
+    return device
 
 
 def load_encoder(spec: LatentEncoderConfig):

@@ -75,12 +75,20 @@ class CaptionVersionConfig(Section):
     seed: Annotated[int, Field(ge=0)] = 0
     # Images per generate() call; halved on CUDA out-of-memory.
     batch_size: Annotated[int, Field(ge=1, le=4096)] = 8
+    # Image tokens per generate() call as well (null: no budget): a batch closes before
+    # its size x its largest image's tokens would pass this. Images are grouped by size
+    # first, so a batch of large images is smaller than one of thumbnails.
+    batch_tokens: Annotated[int, Field(ge=1)] | None = None
     min_pixels: Annotated[int, Field(ge=1)] = 4 * 28 * 28
     max_pixels: Annotated[int, Field(ge=1)] = 640 * 28 * 28
-    device: Literal["cpu", "cuda"] = "cpu"  # cuda: the GPU Spark assigns to each task
+    # cuda: the GPU Spark assigns to each task; cuda:N: that GPU (e.g. outside Spark).
+    device: Device = "cpu"
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"  # auto: bf16 on cuda
     language: Literal["en", "zh"] | None = "en"  # caption check: language_mismatch
     trust_remote_code: bool = False
+    # vllm: the share of the GPU's memory one engine may take (null: 0.9 x the task's
+    # share of a GPU, spark.task.resource.gpu.amount, so engines sharing a GPU fit).
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] | None = None
     # Which curated rows to caption (Lance SQL; null: all rows) and Spark tasks (null:
     # one per Lance fragment). Set partitions to a multiple of the cluster's GPU slots.
     where: Text | None = None
@@ -99,8 +107,8 @@ class CaptionVersionConfig(Section):
             raise FieldError(
                 "max_pixels", f"{self.max_pixels} is below min_pixels ({self.min_pixels})"
             )
-        if self.backend == "vllm" and self.device != "cuda":
-            raise FieldError("device", "the vllm backend needs device: cuda")
+        if self.backend == "vllm" and not self.device.startswith("cuda"):
+            raise FieldError("device", "the vllm backend needs device: cuda (or cuda:N)")
         return self
 
     @property

@@ -11,7 +11,13 @@ from etl.config.base import FieldError, Section, keyed
 from etl.config.curation import DedupConfig, ExportConfig, LakehouseConfig
 from etl.config.images import USER_AGENT_PLACEHOLDER, FetchConfig, PrepareConfig
 from etl.config.inference import CaptionConfig, LatentsConfig
-from etl.config.runtime import RunConfig, SourceConfig, SparkConfig, StorageConfig
+from etl.config.runtime import (
+    S3_SCHEMES,
+    RunConfig,
+    SourceConfig,
+    SparkConfig,
+    StorageConfig,
+)
 from etl.errors import ConfigError
 
 __all__ = ["Config"]
@@ -78,12 +84,14 @@ class Config(Section):
                 "owners can reach you by, e.g. 'lakeshard/0.1 (+https://your-team.example/"
                 "crawler)'", USER_AGENT_PLACEHOLDER, ", ".join(web),
             )
-        if self.run.lock and self.run.lock_path is None and self.storage.is_remote:
+        if (self.run.lock and self.run.lock_path is None and self.storage.is_remote
+                and self.storage.scheme not in S3_SCHEMES):
             raise FieldError(
                 "run.lock_path",
-                "storage.root is an object store, so the run lock needs a POSIX path every "
-                "driver sees (or `run.lock: false` when the scheduler alone prevents "
-                "overlapping runs)",
+                f"storage.root is on {self.storage.scheme}://, where lakeshard has no "
+                "object-store lock (it has one on s3://): give a POSIX path every driver "
+                "sees, an s3:// lock, or `run.lock: false` when the scheduler alone prevents "
+                "overlapping runs",
             )
         return self
 

@@ -2,32 +2,213 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Annotated, Literal
+from urllib.parse import urlparse
 
 from pydantic import Field, field_validator, model_validator
 
 from etl.config.base import FieldError, Name, Section, Strings, StrMap, Text, local_path
+from etl.errors import ConfigError
 
-__all__ = ["StorageConfig", "SparkConfig", "SourceConfig", "RunConfig"]
+__all__ = [
+    "StorageConfig", "S3Config", "S3Settings", "SparkConfig", "SourceConfig", "RunConfig",
+    "OBJECT_STORE_SCHEMES", "S3_SCHEMES", "is_url", "S3_RETRIES", "S3A_RETRY_CONF",
+]
+
+# Schemes lakeshard reaches with its own S3 clients (S3A, pylance, boto3, pyarrow).
+S3_SCHEMES = ("s3", "s3a")
+# Every object-store scheme a storage root may use; only S3 gets the object-store run
+# lock, the others need `run.lock_path` (a POSIX path) or `run.lock: false`.
+OBJECT_STORE_SCHEMES = (*S3_SCHEMES, "gs", "abfs", "abfss")
+
+# Retries of throttling (503 SlowDown, 429), 5xx and connection errors, per client; the
+# standard AWS variables AWS_RETRY_MODE / AWS_MAX_ATTEMPTS override the boto3 ones.
+S3_RETRIES = {"mode": "standard", "max_attempts": 5}
+# S3A's (docs/operations.md, "Retries"): its own retry policy around the SDK's retries.
+S3A_RETRY_CONF = {
+    "fs.s3a.attempts.maximum": "5",           # SDK retries per request (throttling, 5xx)
+    "fs.s3a.retry.limit": "7",                 # S3A retries of a failed operation ...
+    "fs.s3a.retry.interval": "500ms",          # ... sleeping 0.5 s, 1 s, 1.5 s, ...
+    "fs.s3a.retry.throttle.limit": "20",       # throttled (503 SlowDown) operations ...
+    "fs.s3a.retry.throttle.interval": "1000ms",  # ... backing off exponentially from 1 s
+    "fs.s3a.connection.establish.timeout": "30s",
+    "fs.s3a.connection.timeout": "200s",
+}
+
+
+def is_url(path: str) -> bool:
+    """True for ``scheme://...`` other than ``file://``: an object store."""
+    return "://" in path and not path.startswith("file://")
+
+
+def _truthy(value: str) -> bool:
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """How every S3 client of a run reaches the store: the standard AWS environment,
+    overridden by ``storage.s3``. No credentials here: they stay in the environment (or
+    the instance profile / web identity) and never enter config, logs or Spark's conf."""
+
+    endpoint: str | None  # None: AWS itself
+    region: str | None
+    path_style: bool
+    allow_http: bool
+
+    def environment(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """The variables to set so that every client reads these settings from the
+        environment: boto3 (AWS_ENDPOINT_URL, AWS_REGION/AWS_DEFAULT_REGION,
+        AWS_RETRY_MODE/AWS_MAX_ATTEMPTS), Mosaic Streaming (S3_ENDPOINT_URL) and pylance's
+        object store (AWS_ALLOW_HTTP, AWS_VIRTUAL_HOSTED_STYLE_REQUEST)."""
+        env: dict[str, str] = {}
+        if self.endpoint:
+            env["AWS_ENDPOINT_URL"] = env["S3_ENDPOINT_URL"] = self.endpoint
+            if "AWS_ENDPOINT_URL_S3" in environ:  # botocore prefers it: keep them equal
+                env["AWS_ENDPOINT_URL_S3"] = self.endpoint
+            env["AWS_ALLOW_HTTP"] = "true" if self.allow_http else "false"
+        if self.endpoint or "AWS_VIRTUAL_HOSTED_STYLE_REQUEST" in environ:
+            env["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"] = "false" if self.path_style else "true"
+        if self.region:
+            env["AWS_REGION"] = env["AWS_DEFAULT_REGION"] = self.region
+        if "AWS_RETRY_MODE" not in environ:
+            env["AWS_RETRY_MODE"] = S3_RETRIES["mode"]
+        if "AWS_MAX_ATTEMPTS" not in environ:
+            env["AWS_MAX_ATTEMPTS"] = str(S3_RETRIES["max_attempts"])
+        return env
+
+
+def _check_endpoint(endpoint: str) -> str:
+    url = urlparse(endpoint)
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"{endpoint!r} is not an http(s)://host[:port] URL")
+    if url.username or url.password:
+        raise ValueError("must not hold credentials: give them in AWS_ACCESS_KEY_ID / "
+                         "AWS_SECRET_ACCESS_KEY (or an instance profile), never in config")
+    return endpoint.rstrip("/")
+
+
+class S3Config(Section):
+    """`storage.s3`: overrides of the standard AWS environment for every S3 client --
+    Spark's S3A, pylance, boto3 (exports, the run lock) and pyarrow (reports)."""
+
+    # An S3-compatible endpoint (MinIO, Ceph, R2, a test server); default: the
+    # environment's AWS_ENDPOINT_URL (or AWS_ENDPOINT_URL_S3, S3_ENDPOINT_URL), else AWS.
+    endpoint: Text | None = None
+    # Default: AWS_REGION / AWS_DEFAULT_REGION; us-east-1 with a custom endpoint.
+    region: Text | None = None
+    # Path-style URLs (http://host/bucket/key); default: true with a custom endpoint.
+    path_style: bool | None = None
+    # Plain-HTTP endpoints; default: true exactly when the endpoint is http://.
+    allow_http: bool | None = None
+    # How Spark reaches s3:// and s3a://: `auto` -- lakeshard adds S3A (its JARs from
+    # <jars_dir>/s3a, s3:// mapped to it) when it supplies Spark's JARs (spark.jars_dir
+    # set); with jars_dir null (EMR's EMRFS, Databricks) the platform's own connector is
+    # used untouched. `s3a`: always configure S3A; `platform`: never.
+    connector: Literal["auto", "s3a", "platform"] = "auto"
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, endpoint: str | None) -> str | None:
+        return None if endpoint is None else _check_endpoint(endpoint)
+
+    @model_validator(mode="after")
+    def _http_allowed(self) -> S3Config:
+        if self.endpoint and self.endpoint.startswith("http://") and self.allow_http is False:
+            raise FieldError("allow_http", f"false, but endpoint {self.endpoint!r} is http://")
+        return self
+
+    def resolve(self, environ: Mapping[str, str]) -> S3Settings:
+        """These settings over the environment `environ` (usually ``os.environ``)."""
+        endpoint = self.endpoint or next(
+            (environ[k] for k in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "S3_ENDPOINT_URL")
+             if environ.get(k)), None)
+        if endpoint and not self.endpoint:
+            try:
+                endpoint = _check_endpoint(endpoint)
+            except ValueError as exc:
+                raise ConfigError(f"AWS_ENDPOINT_URL: {exc}") from None
+        region = (self.region or environ.get("AWS_REGION") or environ.get("AWS_DEFAULT_REGION")
+                  or ("us-east-1" if endpoint else None))
+        if self.path_style is not None:
+            path_style = self.path_style
+        elif environ.get("AWS_VIRTUAL_HOSTED_STYLE_REQUEST"):
+            path_style = not _truthy(environ["AWS_VIRTUAL_HOSTED_STYLE_REQUEST"])
+        else:
+            path_style = endpoint is not None
+        is_http = bool(endpoint) and endpoint.startswith("http://")
+        if self.allow_http is not None:
+            allow_http = self.allow_http
+        elif environ.get("AWS_ALLOW_HTTP") and not self.endpoint:
+            allow_http = _truthy(environ["AWS_ALLOW_HTTP"])
+        else:
+            allow_http = is_http
+        if is_http and not allow_http:
+            raise ConfigError(f"storage.s3: endpoint {endpoint!r} is http:// but plain HTTP "
+                              "is not allowed (AWS_ALLOW_HTTP / storage.s3.allow_http)")
+        return S3Settings(endpoint, region, path_style, allow_http)
+
+
+def _default_cache() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
+    return local_path(os.path.join(base, "lakeshard"))
 
 
 class StorageConfig(Section):
-    # Everything lakeshard writes goes under this folder (or s3://bucket/prefix).
+    # Everything lakeshard writes goes under this folder, or s3://bucket/prefix (s3a://
+    # too; gs:// and abfss:// through the platform's connector).
     root: Text
     # Lance tables live under <root>/lance/<namespace>/.
     namespace: Name = "default"
+    # Object-store client settings (endpoint, region, ...) over the AWS environment.
+    s3: S3Config = Field(default_factory=S3Config)
+    # A local folder for what a run builds on this machine (the smoke-test caption
+    # model); default <root>/cache for a local root, else $XDG_CACHE_HOME/lakeshard
+    # (~/.cache/lakeshard). Never an object store: models load from local files.
+    cache_dir: Text | None = None
 
     @field_validator("root")
     @classmethod
     def _absolute(cls, root: str) -> str:
-        root = root.rstrip("/") or "/"
-        # Local roots are made absolute once, here: Spark, Delta and pylance then agree
-        # on every path whatever their working directory.
-        return root if "://" in root else local_path(root)
+        if not is_url(root):
+            # Local roots are made absolute once, here: Spark, Delta and pylance then
+            # agree on every path whatever their working directory.
+            return local_path(root.rstrip("/") or "/")
+        url = urlparse(root)
+        if url.scheme not in OBJECT_STORE_SCHEMES or not url.netloc:
+            raise ValueError(
+                f"{root!r}: expected a local folder or an object-store URL "
+                f"({', '.join(s + '://bucket/prefix' for s in OBJECT_STORE_SCHEMES[:2])})"
+            )
+        return root.rstrip("/")
+
+    @field_validator("cache_dir")
+    @classmethod
+    def _local(cls, path: str | None) -> str | None:
+        if path is None:
+            return None
+        if is_url(path):
+            raise ValueError(f"{path!r} must be a local folder, not an object-store URL")
+        return local_path(path)
 
     @property
     def is_remote(self) -> bool:
-        return "://" in self.root
+        return is_url(self.root)
+
+    @property
+    def scheme(self) -> str:
+        """The root's URL scheme (``s3``, ``s3a``, ...); "" for a local root."""
+        return urlparse(self.root).scheme if self.is_remote else ""
+
+    @property
+    def local_cache(self) -> str:
+        """The local cache folder (see `cache_dir`)."""
+        if self.cache_dir:
+            return self.cache_dir
+        return os.path.join(self.root, "cache") if not self.is_remote else _default_cache()
 
 
 class SparkConfig(Section):
@@ -106,8 +287,9 @@ class RunConfig(Section):
     stages: Annotated[Strings | None, Field(min_length=1)] = None
     # Refuse a second run against the same root while one holds the lock.
     lock: bool = True
-    # The lock file; default <root>/_lock/run.lock. Needed when the root is an object
-    # store: a POSIX path every possible driver of a run sees.
+    # The lock; default <root>/_lock/run.lock -- on S3 an object created with a
+    # conditional write (If-None-Match), so no shared disk is needed. A POSIX path (a
+    # local or mounted folder every driver sees) or an s3:// URL.
     lock_path: Text | None = None
     # A lock whose heartbeat is older than this is stale (a crashed run on another
     # host); on the same host a lock whose process is gone is stale at once.
@@ -122,14 +304,17 @@ class RunConfig(Section):
 
     @field_validator("lock_path")
     @classmethod
-    def _posix(cls, path: str | None) -> str | None:
+    def _lock_where(cls, path: str | None) -> str | None:
         if path is None:
             return None
-        if "://" in path:
-            raise ValueError(
-                f"{path!r} must be a POSIX path (a local or mounted folder), not an "
-                "object-store URL"
-            )
+        if is_url(path):
+            url = urlparse(path)
+            if url.scheme not in S3_SCHEMES or not url.netloc or not url.path.strip("/"):
+                raise ValueError(
+                    f"{path!r}: an object-store lock must be s3://bucket/key (S3 "
+                    "conditional writes); elsewhere use a POSIX path every driver sees"
+                )
+            return path
         return local_path(path)
 
     @model_validator(mode="after")

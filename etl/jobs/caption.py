@@ -14,15 +14,15 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
-import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
 from pyspark import StorageLevel
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from etl import tables
 from etl.columns import caption_columns
@@ -30,9 +30,11 @@ from etl.config import CaptionVersionConfig, Config
 from etl.errors import ConfigError
 from etl.runtime.stage import RunContext, StageResult
 from etl.tiny_vlm import TINY_MODEL, ensure_tiny_vlm
-from etl.writers.lance import FRAGMENT_ID
+from etl.writers.lance import FRAGMENT_ID, ROW_ADDRESS
 from etl.writers.lance_columns import write_columns
-from udfs.caption import CaptionSpec, caption_udf
+from etl.writers.remote import write_file
+from udfs.caption import CaptionSpec, caption_mapper, output_schema
+from udfs.worker import GPU_SCHEDULING, python_worker_pool
 
 __all__ = [
     "CaptionPlan",
@@ -51,13 +53,19 @@ log = logging.getLogger(__name__)
 
 def caption_spec(cfg: Config, v: CaptionVersionConfig) -> CaptionSpec:
     """The executor-side spec: the version's settings and where its model is (on first
-    use the smoke-test model is built)."""
+    use the smoke-test model is built, into the local cache folder -- never under the
+    root, which may be an object store the model could not load from)."""
     where = f"caption.versions.{v.name}"
     model, local = v.model, False
     if v.model == TINY_MODEL:
-        if cfg.storage.is_remote:
-            raise ConfigError(f"{where}.model: {TINY_MODEL} needs a local storage.root")
-        model, local = str(ensure_tiny_vlm(Path(cfg.storage.root, "models"))), True
+        models = Path(cfg.storage.local_cache, "models")
+        try:
+            model, local = str(ensure_tiny_vlm(models)), True
+        except OSError as exc:
+            raise ConfigError(
+                f"{where}.model: could not build {TINY_MODEL} in {models} ({exc}); set "
+                "storage.cache_dir to a writable local folder"
+            ) from None
     elif Path(v.model).expanduser().exists():
         model, local = str(Path(v.model).expanduser().resolve()), True
     elif v.model.startswith(("/", ".", "~")):
@@ -144,12 +152,88 @@ class CaptionResult:
     captioned: int
     statuses: dict[str, int] = field(default_factory=dict)
     flags: dict[str, int] = field(default_factory=dict)
-    # Per Python worker that captioned: model loads (cumulative in the worker) and
-    # Arrow batches it processed in this run.
-    workers: dict[str, dict[str, int]] = field(default_factory=dict)
-    tokens: int = 0
+    # Per Python worker that captioned (host:pid): its executor (host:pid of the caption
+    # pool's daemon), device, tasks, model loads and generate() calls in this run.
+    workers: dict[str, dict] = field(default_factory=dict)
+    # Per executor: workers, model loads and the devices they used in this run.
+    executors: dict[str, dict] = field(default_factory=dict)
+    model_loads: int = 0
+    tasks: int = 0
+    batches: int = 0  # generate() calls
+    tokens: int = 0  # generated
+    image_tokens: int = 0  # in the prompts of the captioned rows
+    padding: int = 0  # pad tokens their batches added
+    padding_share: float = 0.0  # padding / (padding + image_tokens)
+    worker_reuse: bool = True  # spark.python.worker.reuse
     seconds: float = 0.0
     bytes_written: int = 0
+
+
+def _gpu_share(spark: SparkSession, v: CaptionVersionConfig) -> float:
+    """The share of a GPU each task holds; checked before any Spark job: `device: cuda`
+    needs Spark to schedule GPUs."""
+    if v.device != "cuda":
+        return 1.0
+    amount = spark.sparkContext.getConf().get("spark.task.resource.gpu.amount", None)
+    if amount is None:
+        raise ConfigError(
+            f"caption.versions.{v.name}.device: cuda is the GPU Spark assigns to each task, "
+            f"but this Spark session schedules no GPUs: set {GPU_SCHEDULING} in spark.conf "
+            "(see conf/databricks.yaml), or name one GPU with device: cuda:N"
+        )
+    return float(amount)
+
+
+def _run_stats(out, status_col: str, flags_col: str, tokens_col: str) -> dict:
+    """Everything the summary reports, in one Spark job over the captioned rows:
+    statuses, flags, tokens and padding; per worker and per executor, tasks, model loads
+    (done in this run) and generate() calls."""
+    groups = (
+        out.groupBy("_worker", "_executor", "_task", status_col, flags_col)
+        .agg(F.count(F.lit(1)).alias("rows"), F.sum(tokens_col).alias("tokens"),
+             F.sum("_image_tokens").alias("image_tokens"), F.sum("_padding").alias("padding"),
+             F.max("_loads").alias("loads"), F.max("_device").alias("device"),
+             F.min("_batch").alias("first"), F.max("_batch").alias("last"))
+        .collect()
+    )
+    statuses: dict[str, int] = {}
+    flags: dict[str, int] = {}
+    tasks: dict[tuple, dict] = {}
+    for g in groups:
+        statuses[g[status_col]] = statuses.get(g[status_col], 0) + g["rows"]
+        for f in filter(None, (g[flags_col] or "").split(",")):
+            flags[f] = flags.get(f, 0) + g["rows"]
+        t = tasks.setdefault((g["_worker"], g["_task"]), {
+            "executor": g["_executor"], "device": None, "loads": 0, "first": None,
+            "last": None})
+        t["loads"] = max(t["loads"], g["loads"])
+        t["device"] = t["device"] or g["device"]
+        if g["first"] is not None:  # a task's generate() calls are numbered consecutively
+            t["first"] = g["first"] if t["first"] is None else min(t["first"], g["first"])
+            t["last"] = g["last"] if t["last"] is None else max(t["last"], g["last"])
+    workers: dict[str, dict] = {}
+    for (worker, _), t in sorted(tasks.items()):
+        w = workers.setdefault(worker, {"executor": t["executor"], "device": None,
+                                        "tasks": 0, "model_loads": 0, "batches": 0})
+        w["tasks"] += 1
+        w["model_loads"] += t["loads"]
+        w["batches"] += t["last"] - t["first"] + 1 if t["first"] is not None else 0
+        w["device"] = w["device"] or t["device"]
+    executors: dict[str, dict] = {}
+    for w in workers.values():
+        e = executors.setdefault(w["executor"], {"workers": 0, "model_loads": 0, "devices": []})
+        e["workers"] += 1
+        e["model_loads"] += w["model_loads"]
+        if w["device"] and w["device"] not in e["devices"]:
+            e["devices"].append(w["device"])
+    return {
+        "statuses": dict(sorted(statuses.items())), "flags": dict(sorted(flags.items())),
+        "workers": workers, "executors": dict(sorted(executors.items())),
+        "tasks": len(tasks), "batches": sum(w["batches"] for w in workers.values()),
+        "model_loads": sum(w["model_loads"] for w in workers.values()),
+        **{k: sum(int(g[k] or 0) for g in groups) for k in ("tokens", "image_tokens",
+                                                             "padding")},
+    }
 
 
 def caption(
@@ -160,7 +244,7 @@ def caption(
     (two when the columns are new). `spark` may be None when there is nothing to do."""
     t0 = time.perf_counter()
     plan = plan_caption(cfg, name, force=force)
-    v, spec = plan.version, plan.spec
+    v = plan.version
     cols = list(caption_columns(v.name))
     base = dict(
         version=v.name, column=v.column, model=v.model, smoke_test_model=v.model == TINY_MODEL,
@@ -174,12 +258,18 @@ def caption(
 
     if spark is None:
         raise ValueError("caption: a SparkSession is needed, there are rows to caption")
+    spec = replace(plan.spec, gpu_share=_gpu_share(spark, v))
     sc = spark.sparkContext
+    reuse = sc.getConf().get("spark.python.worker.reuse", "true").lower() == "true"
+    if not reuse:
+        log.warning("spark.python.worker.reuse is false: every caption task loads the model")
     sc.setJobDescription(f"lakeshard caption {v.name}")
+    # Keys and row addresses only: each task takes its image bytes from Lance itself.
     reader = (
         spark.read.format("lance")
         .option("version", str(plan.table_version))
-        .option("columns", "sample_id,image")
+        .option("columns", "sample_id")
+        .option("row_address", "true")
         .option("fragment_id", "true")
     )
     if plan.predicate:
@@ -189,52 +279,55 @@ def caption(
         rows = rows.limit(limit)
     if v.partitions:
         rows = rows.repartition(v.partitions)
-    udf = caption_udf(spec).asNondeterministic()  # evaluated once per row, never inlined
+    keys = ["sample_id", FRAGMENT_ID]
+    mapper = caption_mapper(spec, plan.table_path, plan.table_version, keys=keys,
+                            row_address=ROW_ADDRESS)
+    schema = output_schema(to_arrow_schema(rows.select(*keys).schema))
+    with python_worker_pool(spark, "caption"):  # one model copy per task slot
+        captioned = rows.mapInArrow(mapper, from_arrow_schema(schema))
     now = datetime.now(UTC).replace(tzinfo=None)
-    c = F.col("_c")
     types = caption_columns(v.name)
     values = [
-        c.caption, c.status, c.error, c.flags, c.tokens, F.lit(v.model),
-        F.lit(v.prompt_sha256), F.lit(v.params_json()), F.lit(now),
+        F.col("caption"), F.col("status"), F.col("error"), F.col("flags"), F.col("tokens"),
+        F.lit(v.model), F.lit(v.prompt_sha256), F.lit(v.params_json()), F.lit(now),
     ]
     out = (
-        rows.select("sample_id", FRAGMENT_ID, udf(F.col("image")).alias("_c"))
-        .select(
-            "sample_id", FRAGMENT_ID,
+        captioned.select(
+            *keys,
             *[val.cast(types[name]).alias(name) for name, val in zip(cols, values, strict=True)],
-            c.worker.alias("_worker"), c.model_loads.alias("_loads"), c.batch.alias("_batch"),
+            *[F.col(c).alias(f"_{c}") for c in ("image_tokens", "padding", "worker",
+                                                "executor", "device", "task", "batch")],
+            F.col("model_loads").alias("_loads"),
         )
         .persist(StorageLevel.MEMORY_AND_DISK)
     )
-    status_col, flags_col = f"{v.column}_status", f"{v.column}_flags"
-    statuses = {r[0]: r[1] for r in out.groupBy(status_col).count().collect()}
-    flags = {
-        r[0]: r[1]
-        for r in out.select(F.explode(F.split(flags_col, ",")).alias("f"))
-        .where("f != ''").groupBy("f").count().collect()
-    }
-    workers = {
-        r["_worker"]: {"model_loads": r["loads"], "batches": r["batches"]}
-        for r in out.groupBy("_worker")
-        .agg(F.max("_loads").alias("loads"), F.countDistinct("_batch").alias("batches"))
-        .collect()
-    }
-    tokens = out.agg(F.sum(f"{v.column}_tokens")).first()[0] or 0
+    stats = _run_stats(out, f"{v.column}_status", f"{v.column}_flags", f"{v.column}_tokens")
     sc.setJobDescription(f"lakeshard caption {v.name}: write columns")
-    written = write_columns(spark, plan.table_path, out.drop("_worker", "_loads", "_batch"))
+    written = write_columns(spark, plan.table_path, out.select(*keys, *cols))
     sc.setJobDescription(None)
     out.unpersist()
+    padding, image_tokens = stats["padding"], stats["image_tokens"]
     return CaptionResult(
         **base,
         version_after=written.version,
         captioned=written.rows,
-        statuses=dict(sorted(statuses.items())),
-        flags=dict(sorted(flags.items())),
-        workers=dict(sorted(workers.items())),
-        tokens=int(tokens),
+        **stats,
+        padding_share=padding / (padding + image_tokens) if padding + image_tokens else 0.0,
+        worker_reuse=reuse,
         seconds=time.perf_counter() - t0,
         bytes_written=written.bytes_written,
     )
+
+
+def _counts(values: list[int]) -> str:
+    """1 (x4)  or  1-2 (3x1, 1x2): the distribution of small counts."""
+    if not values:
+        return "-"
+    seen = sorted(set(values))
+    if len(seen) == 1:
+        return f"{seen[0]} (x{len(values)})"
+    spread = ", ".join(f"{values.count(k)}x{k}" for k in seen)
+    return f"{seen[0]}-{seen[-1]} ({spread})"
 
 
 def format_caption(r: CaptionResult) -> str:
@@ -254,16 +347,24 @@ def format_caption(r: CaptionResult) -> str:
     else:
         st = ", ".join(f"{k}={n}" for k, n in r.statuses.items()) or "-"
         fl = ", ".join(f"{k}={n}" for k, n in r.flags.items()) or "none"
-        loads = sum(w["model_loads"] for w in r.workers.values())
-        batches = sum(w["batches"] for w in r.workers.values())
+        devices = sorted({d for e in r.executors.values() for d in e["devices"]})
         rate = r.captioned / r.seconds if r.seconds else 0.0
         lines += [
             f"captioned         : {r.captioned} ({st}); flags: {fl}",
-            f"workers           : {len(r.workers)}, model loaded {loads} time(s) for "
-            f"{batches} batch(es); {r.tokens} tokens generated",
+            f"model loads       : {r.model_loads} in {len(r.workers)} worker(s) on "
+            f"{len(r.executors)} executor(s) ({', '.join(devices) or 'no device'}), "
+            f"{r.tasks} task(s)",
+            f"  per worker      : {_counts([w['model_loads'] for w in r.workers.values()])}",
+            f"  per executor    : {_counts([e['model_loads'] for e in r.executors.values()])}",
+            f"batches           : {r.batches} generate() call(s); padding "
+            f"{100 * r.padding_share:.1f} % of image tokens ({r.padding} of "
+            f"{r.padding + r.image_tokens}); {r.tokens} tokens generated",
             f"time              : {r.seconds:.1f} s ({rate:.2f} images/s, Spark start-up "
             "excluded)",
         ]
+        if not r.worker_reuse:
+            lines.append("WARNING           : spark.python.worker.reuse is false: every "
+                         "task loaded its own model copy; set it to true")
     lines.append(
         f"curated (Lance)   : {r.table_path}  version {r.version_before} -> {r.version_after}"
         f" ({r.bytes_written / 1e3:.1f} kB of caption data; image files untouched)"
@@ -272,15 +373,12 @@ def format_caption(r: CaptionResult) -> str:
 
 
 def write_caption_report(cfg: Config, r: CaptionResult) -> str | None:
-    """``<root>/reports/caption-<version>-<time>/summary.json`` (local roots only)."""
-    if cfg.storage.is_remote:
-        return None
+    """``<root>/reports/caption-<version>-<time>/summary.json``, on a local root or an
+    object store alike; returns its path."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     out_dir = tables.layout(cfg).report_dir(f"caption-{r.version}-{stamp}")
-    os.makedirs(out_dir, exist_ok=True)
-    path = os.path.join(out_dir, "summary.json")
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(asdict(r), f, indent=2)
+    path = f"{out_dir}/summary.json"
+    write_file(path, json.dumps(asdict(r), indent=2).encode())
     return path
 
 

@@ -67,6 +67,7 @@ from etl.writers.delta import (
     update_takedowns,
 )
 from etl.writers.lance import delete_rows
+from etl.writers.remote import read_file, write_file
 
 __all__ = ["CurateResult", "list_sources", "curate", "stage"]
 
@@ -147,25 +148,21 @@ def _version_key(source: SourceConfig) -> str:
     return f"{_SOURCE_VERSION}{source.name}:{where}"
 
 
-def _versions_file(cfg: Config):
-    import pyarrow.fs as pafs
-
-    return pafs.FileSystem.from_uri(f"{cfg.storage.root.rstrip('/')}/{_VERSIONS_FILE}")
+def _versions_path(cfg: Config) -> str:
+    return f"{cfg.storage.root.rstrip('/')}/{_VERSIONS_FILE}"
 
 
 def _previous_versions(cfg: Config) -> dict[str, int]:
     """The source versions the last completed curate read; {} when there is no (readable)
     record: every source is then compared in full."""
-    import pyarrow.fs as pafs
-
-    fs, path = _versions_file(cfg)
-    if fs.get_file_info(path).type != pafs.FileType.File:
-        return {}
+    path = _versions_path(cfg)
     try:
-        with fs.open_input_stream(path) as f:
-            raw = json.loads(f.read())
+        body = read_file(path)
+        if body is None:
+            return {}
+        raw = json.loads(body)
         return {k: int(v) for k, v in raw.items() if k.startswith(_SOURCE_VERSION)}
-    except (OSError, ValueError, TypeError, AttributeError) as exc:
+    except (ValueError, TypeError, AttributeError) as exc:
         log.warning("curate: %s unreadable (%s): comparing every source in full", path, exc)
         return {}
 
@@ -173,10 +170,7 @@ def _previous_versions(cfg: Config) -> dict[str, int]:
 def _record_versions(cfg: Config, versions: dict[str, int]) -> None:
     """Written once the run's removals are done (a run that dies before leaves the last
     record, and the next run looks at the history since then again)."""
-    fs, path = _versions_file(cfg)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
-    with fs.open_output_stream(path) as f:
-        f.write(json.dumps(versions, sort_keys=True).encode())
+    write_file(_versions_path(cfg), json.dumps(versions, sort_keys=True).encode())
 
 
 def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: datetime

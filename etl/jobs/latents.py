@@ -46,6 +46,7 @@ from udfs.latents import (
     output_columns,
     resolve_model_path,
 )
+from udfs.worker import GPU_SCHEDULING, python_worker_pool
 
 __all__ = [
     "CaptionLatents",
@@ -181,6 +182,14 @@ def compute_latents(
     path = tables.layout(cfg).curated
     table = tables.open_curated(cfg)
     enc, hidden = _check(cfg, name, table.schema)
+    if enc.device == "cuda" and spark.sparkContext.getConf().get(
+        "spark.task.resource.gpu.amount", None
+    ) is None:
+        raise ConfigError(
+            f"latents.encoders.{name}.device: cuda is the GPU Spark assigns to each task, "
+            f"but this Spark session schedules no GPUs: set {GPU_SCHEDULING} in spark.conf, "
+            "or name one GPU with device: cuda:N"
+        )
     captions = list(cfg.latents.captions)
     existing = {m["caption"]: m for m in table_latents(table.schema) if m["encoder"] == name}
     changed = [
@@ -212,7 +221,8 @@ def compute_latents(
         + [pa.field(n, t) for n, t in output_columns(captions, lambda c: latent_columns(c, name))]
     )
     mapper = latents_mapper(enc, captions, keys, lambda c: latent_columns(c, name))
-    encoded = rows.mapInArrow(mapper, from_arrow_schema(out_schema))
+    with python_worker_pool(spark, "latents"):  # one encoder copy per task slot
+        encoded = rows.mapInArrow(mapper, from_arrow_schema(out_schema))
     sc = spark.sparkContext
     sc.setJobDescription(f"lakeshard latents: encode captions with {name}")
     try:

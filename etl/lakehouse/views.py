@@ -16,15 +16,14 @@ cluster of 2+: size, canonical member, members, sources, kinds) and ``curated`` 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pyarrow as pa
+import pyarrow.fs as pafs
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config
-from etl.errors import ConfigError
+from etl.writers.remote import filesystem
 
 __all__ = ["meta_columns", "register_views", "register_dedup_views"]
 
@@ -36,10 +35,16 @@ def meta_columns(schema: pa.Schema) -> list[str]:
 
 
 def _lance_tables(cfg: Config) -> list[tuple[str, str]]:
+    """(name, path) of every ``*.lance`` table under the namespace folder, local or on
+    an object store (listed through pyarrow: one LIST request there)."""
     lance_dir = tables.layout(cfg).lance_dir
-    if "://" in lance_dir:
-        raise ConfigError("the SQL views list local folders only; use format('lance')")
-    return [(p.name[: -len(".lance")], str(p)) for p in sorted(Path(lance_dir).glob("*.lance"))]
+    fs, inner = filesystem(lance_dir)
+    entries = fs.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+    names = sorted(
+        e.base_name[: -len(".lance")] for e in entries
+        if e.type == pafs.FileType.Directory and e.base_name.endswith(".lance")
+    )
+    return [(name, f"{lance_dir}/{name}.lance") for name in names]
 
 
 def register_views(spark: SparkSession, cfg: Config) -> list[str]:

@@ -199,25 +199,28 @@ def run_stages(
 
 
 def _write_report(spark, cfg: Config, out: RunOutcome) -> None:
-    """The report and summary.json, written locally, then copied when the root is an
-    object store."""
+    """The report and summary.json, written locally, then uploaded when the root is an
+    object store (etl.writers.remote, the same S3 settings as every other client)."""
     from etl.report import write_report
+    from etl.writers.remote import is_remote, upload_dir
 
     final_dir = tables.layout(cfg).report_dir(out.run_id)
-    remote = "://" in final_dir
+    remote = is_remote(final_dir)
     report_dir = tempfile.mkdtemp(prefix="lakeshard-report-") if remote else final_dir
     sc = spark.sparkContext
-    if cfg.run.report:
-        t0 = time.monotonic()
-        sc.setJobGroup(f"lakeshard-{out.run_id}-report", f"lakeshard report (run {out.run_id})")
-        index = write_report(spark, cfg, out, report_dir)
-        sc.setLocalProperty("spark.jobGroup.id", None)
-        sc.setJobDescription(None)
-        out.seconds["report"] = time.monotonic() - t0
-        out.report = f"{final_dir}/{os.path.basename(index)}"
-    write_summary(out, report_dir)
-    if remote:
-        import pyarrow.fs as pafs
-
-        pafs.copy_files(report_dir, final_dir)
-        shutil.rmtree(report_dir, ignore_errors=True)
+    try:
+        if cfg.run.report:
+            t0 = time.monotonic()
+            sc.setJobGroup(f"lakeshard-{out.run_id}-report",
+                           f"lakeshard report (run {out.run_id})")
+            index = write_report(spark, cfg, out, report_dir)
+            sc.setLocalProperty("spark.jobGroup.id", None)
+            sc.setJobDescription(None)
+            out.seconds["report"] = time.monotonic() - t0
+            out.report = f"{final_dir}/{os.path.basename(index)}"
+        write_summary(out, report_dir)
+        if remote:
+            upload_dir(report_dir, final_dir)
+    finally:
+        if remote:
+            shutil.rmtree(report_dir, ignore_errors=True)

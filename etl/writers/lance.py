@@ -149,9 +149,12 @@ class _LanceWriter(DataSourceArrowWriter):
                 yield _rebuild_empty_lists(batch)
 
         reader = pa.RecordBatchReader.from_batches(self.schema, batches())
-        fragments = write_fragments(
-            reader, self.path, schema=self.schema, max_rows_per_file=self.max_rows_per_file
-        )
+        try:
+            fragments = write_fragments(
+                reader, self.path, schema=self.schema, max_rows_per_file=self.max_rows_per_file
+            )
+        except OSError as exc:  # pylance names only the failed request: name the table
+            raise OSError(f"could not write to the Lance table at {self.path}: {exc}") from None
         if rows == 0:
             return _LanceCommit([], 0)
         return _LanceCommit([json.dumps(f.to_json()) for f in fragments], rows)
@@ -169,7 +172,10 @@ class _LanceWriter(DataSourceArrowWriter):
         else:
             op = lance.LanceOperation.Append(fragments)
         read_version = table_version(self.path) if exists else None
-        lance.LanceDataset.commit(self.path, op, read_version=read_version)
+        try:
+            lance.LanceDataset.commit(self.path, op, read_version=read_version)
+        except OSError as exc:
+            raise OSError(f"could not commit to the Lance table at {self.path}: {exc}") from None
 
     def abort(self, messages: list[_LanceCommit | None]) -> None:
         """Remove the data files of tasks that finished; nothing was committed."""
@@ -202,11 +208,11 @@ def _rebuild_empty_lists(batch: pa.RecordBatch) -> pa.RecordBatch:
 
 
 def _exists(path: str) -> bool:
-    try:
-        _dataset(path)
-        return True
-    except (ValueError, OSError, FileNotFoundError):
-        return False
+    # Not "any error means absent": on object storage an unreachable store would turn
+    # this Append into an Overwrite. lance_exists raises, naming the table.
+    from etl.tables import lance_exists
+
+    return lance_exists(path)
 
 
 class LanceDataSource(DataSource):
