@@ -1,7 +1,7 @@
 """The run report: ``<root>/reports/<run_id>/index.html`` and the same figures as PNG.
 
-What it shows: this run's accounting (seen / accepted / rejected / flagged per source)
-and stage timings; the corpus as the run left it -- rows per source and status, reject
+What it shows: this run's accounting (seen / accepted / rejected / flagged / removed per
+source) and stage timings; the corpus as the run left it -- rows per source and status, reject
 and filter reasons, resolution and aspect-ratio histograms, caption length per caption
 version (every ``caption*`` string column of the curated table), duplicate rates (same
 ``image_sha256``, same ``dhash``, and any ``*dup*`` column a dedup stage added); and
@@ -335,8 +335,10 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
         for c in outcome.detail("curate").counts:
             run_rows.append({"source": c.source, "seen": c.seen, "accepted": c.accepted,
                              "rejected": c.rejected, "flagged": sum(c.filtered.values()),
+                             "removed": sum(c.removed.values()),
                              "reasons": ", ".join(f"{k}={v}" for k, v in
-                                                  {**c.reasons, **c.filtered}.items())})
+                                                  {**c.reasons, **c.filtered,
+                                                   **c.removed}.items())})
     stage_rows = [
         {"stage": name, "seconds": round(outcome.seconds.get(name, 0.0), 1),
          "note": (res.note or ""),
