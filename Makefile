@@ -64,7 +64,7 @@ wheel: $(STAMP)
 	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation --disable-pip-version-check -w dist .
 
 ## Everything a cluster needs, in one folder to upload: wheel, constraints, JARs,
-## entrypoints, cluster configs (see README, "Operating nightly")
+## entrypoints, cluster configs (see docs/operations.md)
 artifacts: wheel $(JARS)/.complete
 	rm -rf dist/artifacts && mkdir -p dist/artifacts/jars dist/artifacts/entrypoints dist/artifacts/conf
 	cp dist/lakeshard-*.whl constraints.txt dist/artifacts/

@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # EMR bootstrap action (every node): lakeshard's venv, JARs, entrypoints and config,
 # from the folder `make artifacts` builds (dist/artifacts: the wheel, constraints.txt,
-# jars/*.jar, conf/emr.yaml, entrypoints/*.py), synced to S3 (README, "Operating
-# nightly").
+# jars/*.jar, conf/emr.yaml, entrypoints/*.py), synced to S3 (docs/operations.md).
 #   usage: emr-bootstrap.sh s3://my-bucket/lakeshard/artifacts
 set -euo pipefail
 ARTIFACTS=${1:?usage: emr-bootstrap.sh s3://bucket/prefix}

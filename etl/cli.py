@@ -2,7 +2,8 @@
 
 Every command loads the config and checks it against the registries before anything
 else. Commands that change a table (`run`, `curate`, `export`, `dedup`, `caption`,
-`latents`, `features add`, `embed`, `compact`) run through :mod:`etl.pipeline.runner`:
+`latents`, `features add`, `embed`, `compact`, `forget`) run through
+:mod:`etl.pipeline.runner`:
 under the root's run lock, recorded in the run ledger. The others only read.
 
 The console (:func:`etl.runtime.progress.console`): the command's summary on stdout;
@@ -190,6 +191,19 @@ def _cmd_compact(args) -> int:
     return 0
 
 
+def _cmd_forget(args) -> int:
+    from etl.jobs.forget import format_forget
+    from etl.pipeline.runner import run_command
+
+    out = run_command(_load(args), "forget", {
+        "sample_ids": args.sample_id, "keys": args.key, "urls": args.url,
+        "hashes": args.image_sha256, "file": args.file, "by": args.by,
+        "reason": args.reason, "request_id": args.request_id, "dry_run": args.dry_run,
+    }, run_id=args.run_id)
+    print(format_forget(out.detail("forget")))
+    return 0
+
+
 # ------------------------------------------------------------------------ read-only
 
 
@@ -249,18 +263,21 @@ def _cmd_jpeg_audit(args) -> int:
 
 def _cmd_verify_export(args) -> int:
     from etl import tables
-    from etl.jobs.verify_export import verify_export
+    from etl.jobs.verify_export import taken_down_ids, verify_export
 
     cfg = _load(args)
     path = tables.export_path(cfg, args.name)
     if "://" not in path and not os.path.isdir(path):
         raise FileNotFoundError(f"no export at {path}: run `lakeshard export --name {args.name}`")
-    report = verify_export(path)
+    taken_down = taken_down_ids(cfg)
+    report = verify_export(path, taken_down=taken_down)
     print(
         f"{path}: {report.samples} samples in {report.shards} shard(s); "
         f"{report.images_decoded} images decoded; {report.loader_samples} read through "
         "a shuffled DataLoader with 2 workers"
     )
+    if taken_down is not None:
+        print(f"takedowns: every sample checked against {len(taken_down)} taken-down id(s)")
     for problem in report.problems:
         print(f"PROBLEM: {problem}")
     print("OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
@@ -373,8 +390,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compact", help="compact fragments, clean versions past retention")
     p.set_defaults(func=_cmd_compact)
 
+    p = sub.add_parser(
+        "forget", help="a takedown request: remove the records it names from every table "
+        "and refuse them from then on",
+        description="Remove every record the identifiers name from the curated, dedup, "
+        "rejects and manifest tables, purge their image bytes, and record the request in "
+        "the Delta takedowns table so that later runs refuse them (by key, URL and image "
+        "hash). A --file holds one `KIND VALUE` per line (KIND: sample-id, key, url, "
+        "image-sha256; # comments).",
+    )
+    p.add_argument("--sample-id", action="append", default=[], metavar="ID",
+                   help="a record's sample id (repeatable)")
+    p.add_argument("--key", action="append", default=[], metavar="SOURCE:KEY",
+                   help="a record's key in a source, e.g. photos:2024/a.jpg (repeatable)")
+    p.add_argument("--url", action="append", default=[],
+                   help="the image's URL or file URI (repeatable)")
+    p.add_argument("--image-sha256", action="append", default=[], metavar="HASH",
+                   help="sha256 of the image file, or of the stored JPEG (repeatable)")
+    p.add_argument("--file", default=None, help="more identifiers, one `KIND VALUE` a line")
+    p.add_argument("--by", required=True, help="who asked (recorded with the request)")
+    p.add_argument("--reason", required=True, help="why (recorded with the request)")
+    p.add_argument("--request-id", default=None,
+                   help="the request's id, e.g. a ticket number (default: the run id)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list what the request matches; change nothing")
+    p.set_defaults(func=_cmd_forget)
+
     for name in ("run", "curate", "export", "dedup", "caption", "latents", "features",
-                 "embed", "compact"):
+                 "embed", "compact", "forget"):
         sub.choices[name].add_argument(
             "--run-id", default=None,
             help="use this run id (e.g. the scheduler's) instead of a new one",

@@ -1,9 +1,9 @@
 """The run report: ``<root>/reports/<run_id>/index.html`` and the same figures as PNG.
 
 What it shows: whether the run failed, where and why (a stage over its failure budget);
-this run's accounting (seen / accepted / rejected / internal errors / flagged per
-source) and stage timings; the corpus as the run left it -- rows per source and status
-(internal errors apart from rejects), reject and filter reasons, resolution and
+this run's accounting (seen / accepted / rejected / internal errors / flagged /
+removed per source) and stage timings; the corpus as the run left it -- rows per source
+and status (internal errors apart from rejects), reject and filter reasons, resolution and
 aspect-ratio histograms, caption length per caption version (every ``caption*`` string
 column of the curated table), duplicates as the Delta ``dedup`` table records them
 (clusters, exact and near duplicates and their rates per source, whether it covers the
@@ -468,8 +468,10 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
             run_rows.append({"source": c.source, "seen": c.seen, "accepted": c.accepted,
                              "rejected": c.rejected, "errors": c.internal_errors,
                              "flagged": sum(c.filtered.values()),
+                             "removed": sum(c.removed.values()),
                              "reasons": ", ".join(f"{k}={v}" for k, v in
-                                                  {**c.reasons, **c.filtered}.items())})
+                                                  {**c.reasons, **c.filtered,
+                                                   **c.removed}.items())})
     stage_rows = [
         {"stage": name, "status": "failed" if name == outcome.failed_stage else "ok",
          "seconds": round(outcome.seconds.get(name, 0.0), 1),

@@ -9,6 +9,7 @@ to open it (or fail saying which command creates it).
     <root>/delta/accounting                  per run and source: records by outcome
     <root>/delta/dedup                       duplicate clusters of the curated rows
     <root>/delta/runs                        the run ledger
+    <root>/delta/takedowns                   takedown requests and what they matched
     <root>/mds/<export>/                     MDS exports
     <root>/reports/<run_id>/                 run reports
     <root>/_lock/run.lock                    the run lock (a file, or an S3 object)
@@ -41,6 +42,7 @@ __all__ = [
     "ACCOUNTING",
     "DEDUP",
     "RUNS",
+    "TAKEDOWNS",
     "DEDUP_PARAMS",
     "DEDUP_CURATED_VERSION",
     "Layout",
@@ -68,6 +70,7 @@ REJECTS = "rejects"
 ACCOUNTING = "accounting"
 DEDUP = "dedup"
 RUNS = "runs"
+TAKEDOWNS = "takedowns"
 
 # Delta table properties of the dedup table: the settings it was computed with, and
 # the curated table version it covers.
@@ -170,6 +173,10 @@ class Layout:
     @property
     def runs(self) -> str:
         return self.delta_table(RUNS)
+
+    @property
+    def takedowns(self) -> str:
+        return self.delta_table(TAKEDOWNS)
 
 
 def layout(cfg: Config) -> Layout:

@@ -422,13 +422,12 @@ def test_caption_job_adds_versions_without_rewriting_images_and_resumes(
     assert {k: after[k] for k in before} == {k: _files(path)[k] for k in before}
 
     # The export reads the version the config names (caption_a); "" where it failed.
-    from streaming import StreamingDataset
+    from mds_read import read_mds
 
     from etl.jobs.export import export
 
     exp = export(spark, cfg, "default")
-    ds = StreamingDataset(local=exp.path, shuffle=False, batch_size=1)
-    exported = {ds[i]["sample_id"]: ds[i]["caption"] for i in range(len(ds))}
+    exported = {s["sample_id"]: s["caption"] for s in read_mds(exp.path)}
     assert exported == {k: r["caption_a"] or "" for k, r in now.items()}
 
     # Another model or prompt under the same name is refused before any work.

@@ -63,8 +63,7 @@ def _lakeshard(conf: str, kill_at: str | None = None) -> subprocess.CompletedPro
 
 def _state(spark, cfg) -> dict:
     """Everything a run leaves, minus what legitimately differs between runs."""
-    from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
+    from mds_read import read_mds
 
     table = lance.dataset(tables.layout(cfg).curated).to_table()
     rows = []
@@ -86,9 +85,7 @@ def _state(spark, cfg) -> dict:
     manifest = json.loads(files.pop("manifest.json"))
     for key in ("table", "table_version", "export_key"):  # root path and version differ
         manifest.pop(key)
-    clean_stale_shared_memory()
-    sds = StreamingDataset(local=export, shuffle=False, batch_size=1)
-    mds_ids = sorted(sds[i]["sample_id"] for i in range(len(sds)))
+    mds_ids = sorted(s["sample_id"] for s in read_mds(export))
     leftovers = sorted(n for n in os.listdir(tables.layout(cfg).mds_dir) if n.startswith("."))
     return {"rows": rows, "rejects": rejects, "files": files, "manifest": manifest,
             "mds_ids": mds_ids, "leftovers": leftovers}

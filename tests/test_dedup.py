@@ -232,12 +232,9 @@ def _reencoded(name: str, size: tuple[int, int], fmt: str, **kw) -> bytes:
 
 
 def _exported_ids(path: str) -> list[str]:
-    from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
+    from mds_read import read_mds
 
-    clean_stale_shared_memory()
-    ds = StreamingDataset(local=path, shuffle=False, batch_size=1)
-    return sorted(ds[i]["sample_id"] for i in range(len(ds)))
+    return sorted(s["sample_id"] for s in read_mds(path))
 
 
 @pytest.mark.slow

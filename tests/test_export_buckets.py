@@ -9,7 +9,6 @@ import math
 
 import lance
 import pyarrow as pa
-import pytest
 from conftest import jpeg_bytes, make_config
 from PIL import Image
 
@@ -19,14 +18,6 @@ from etl.jobs.export import export
 from etl.writers.mds.buckets import assign_buckets, bucket_set
 
 SIZES = [(64, 64), (128, 64), (64, 128), (300, 100), (100, 100), (90, 60), (60, 200), (400, 90)]
-
-
-@pytest.fixture(autouse=True)
-def _clean_streaming_shm():
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
-    yield
 
 
 def _curated(cfg) -> dict[str, dict]:
@@ -57,10 +48,9 @@ def _nearest(w: int, h: int, buckets: list[tuple[int, int]]) -> tuple[int, int]:
 
 
 def _read(path: str, split: str | None = None) -> list[dict]:
-    from streaming import StreamingDataset
+    from mds_read import read_mds
 
-    ds = StreamingDataset(local=path, split=split, shuffle=False, batch_size=1)
-    return [ds[i] for i in range(len(ds))]
+    return read_mds(path, split=split)
 
 
 def test_bucket_set_is_symmetric_on_the_patch_grid_and_assignment_is_nearest():

@@ -102,14 +102,11 @@ def test_export_to_s3_streams_back_verifies_and_cleans_up(s3, tmp_path):
     )
 
     import lance
-    from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
+    from mds_read import read_mds
 
     table = lance.dataset(str(tmp_path / "data" / "lance" / "default" / "curated.lance"))
     expected = sorted(table.to_table(columns=["sample_id"]).column(0).to_pylist())
-    clean_stale_shared_memory()
-    ds = StreamingDataset(remote=url, local=str(tmp_path / "cache"), shuffle=False, batch_size=1)
-    got = [ds[i] for i in range(len(ds))]
+    got = read_mds(str(tmp_path / "cache"), remote=url)
     assert sorted(s["sample_id"] for s in got) == expected
     assert all(s["image"].format == "JPEG" for s in got)
 

@@ -36,14 +36,6 @@ CAPTIONS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _clean_streaming_shm():
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
-    yield
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("encoders")
@@ -192,10 +184,9 @@ def _data_files(path: str) -> dict[str, str]:
 
 
 def _read_mds(path):
-    from streaming import StreamingDataset
+    from mds_read import read_mds
 
-    ds = StreamingDataset(local=path, shuffle=False, batch_size=1)
-    return [ds[i] for i in range(len(ds))]
+    return read_mds(path)
 
 
 def _manifest(path):

@@ -18,14 +18,6 @@ from etl.sample_sources import FOLDER_BAD, FOLDER_FLAGGED, FOLDER_PHOTOS, TABLE_
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(autouse=True)
-def _clean_streaming_shm():
-    from streaming.base.util import clean_stale_shared_memory
-
-    clean_stale_shared_memory()
-    yield
-
-
 def _cfg(root):
     return make_config(
         root,
@@ -56,7 +48,7 @@ def _snapshot(cfg):
 
 
 def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
-    from streaming import StreamingDataset
+    from mds_read import read_mds
 
     cfg = _cfg(tmp_path)
     run_id, cur, exports = run_all(cfg)
@@ -104,11 +96,10 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
     # MDS via StreamingDataset: every image decodes as JPEG; the kept rows of Lance.
     (exp,) = exports
     assert exp.samples == n_kept
-    sds = StreamingDataset(local=exp.path, shuffle=False, batch_size=1)
+    sds = read_mds(exp.path)
     assert len(sds) == n_kept
     seen = {}
-    for i in range(len(sds)):
-        s = sds[i]
+    for s in sds:
         assert s["image"].format == "JPEG"
         s["image"].load()
         seen[s["sample_id"]] = s

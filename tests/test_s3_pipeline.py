@@ -142,8 +142,7 @@ def _lance(server, root: str):
 
 def _state(server, env, work, root: str) -> dict:
     """What a run leaves under `root`, minus what legitimately differs between runs."""
-    from streaming import StreamingDataset
-    from streaming.base.util import clean_stale_shared_memory
+    from mds_read import read_mds
 
     rows = []
     for r in _lance(server, root).to_table().to_pylist():
@@ -164,21 +163,13 @@ def _state(server, env, work, root: str) -> dict:
             shards[key.rsplit("/", 1)[1] + f"@{len(body)}"] = body
     manifest = json.loads(client.get_object(Bucket=BUCKET, Key=prefix + "manifest.json")
                           ["Body"].read())
-    clean_stale_shared_memory()
-    old = {k: os.environ.get(k) for k in ("AWS_ENDPOINT_URL", "S3_ENDPOINT_URL",
-                                          "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
-                                          "AWS_SESSION_TOKEN", "AWS_REGION")}
-    os.environ.update({k: env[k] for k in old if k in env})
-    os.environ["S3_ENDPOINT_URL"] = server.endpoint
-    try:
-        sds = StreamingDataset(remote=f"s3://{BUCKET}/{prefix}",
-                               local=str(work / f"stream-{root}-{time.time_ns()}"),
-                               shuffle=False, batch_size=1)
-        streamed = sorted((s["sample_id"], s.get("caption")) for s in (sds[i] for i in
-                                                                       range(len(sds))))
-    finally:
-        for k, v in old.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    keys = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN", "AWS_REGION")
+    samples = read_mds(str(work / f"stream-{root}-{time.time_ns()}"),
+                       remote=f"s3://{BUCKET}/{prefix}",
+                       env={**{k: env[k] for k in keys if k in env},
+                            "S3_ENDPOINT_URL": server.endpoint})
+    streamed = sorted((s["sample_id"], s.get("caption")) for s in samples)
     return {"rows": rows, "rejects": rejects, "manifest_rows": manifest_rows,
             "checksum": manifest["checksum"], "samples": manifest["samples"],
             "shard_bytes": sorted(len(b) for b in shards.values()), "streamed": streamed}

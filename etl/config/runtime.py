@@ -248,6 +248,10 @@ class SourceConfig(Section):
     respect_opt_out: bool = True
     # Requests per second to one host, per Python worker; null: only fetch.per_host.
     per_host_rps: Annotated[float, Field(gt=0)] | None = None
+    # A record the source no longer lists (a file deleted, a row gone): `delete` removes
+    # it from every table and the next export (docs/sources.md#removals); `keep` leaves
+    # it where it is, for append-only archives whose old records must stay.
+    on_removed: Literal["delete", "keep"] = "delete"
 
     @field_validator("url_schemes")
     @classmethod

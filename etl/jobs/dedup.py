@@ -15,13 +15,13 @@ import logging
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config
 from etl.runtime.stage import RunContext, StageResult
 from etl.schema import DEDUP_SCHEMA
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
+from etl.writers.delta import merge_dedup, set_properties
 
 __all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "check"]
 
@@ -95,23 +95,10 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
 
     sc.setJobDescription("lakeshard dedup: merge Delta dedup")
     if changed or removed:
-        source = plan.changes.withColumn("_op", F.lit("upsert")).unionByName(
-            plan.removed.withColumn("_op", F.lit("delete")), allowMissingColumns=True
-        )
-        cols = {c: f"s.{c}" for c in ASSIGNMENT_COLUMNS}
-        (
-            DeltaTable.forPath(spark, path)
-            .alias("t")
-            .merge(source.alias("s"), "t.sample_id = s.sample_id")
-            .whenMatchedDelete(condition="s._op = 'delete'")
-            .whenMatchedUpdate(condition="s._op = 'upsert'", set=cols)
-            .whenNotMatchedInsert(condition="s._op = 'upsert'", values=cols)
-            .execute()
-        )
+        merge_dedup(spark, path, plan.changes, plan.removed, ASSIGNMENT_COLUMNS)
     props = {tables.DEDUP_PARAMS: params, tables.DEDUP_CURATED_VERSION: str(version)}
     if state is None or any(state.get(k) != v for k, v in props.items()):
-        settings = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
-        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
+        set_properties(spark, path, props)
 
     sc.setJobDescription("lakeshard dedup: stats")
     table = spark.read.format("delta").load(path)

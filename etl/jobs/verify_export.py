@@ -2,7 +2,8 @@
 
 Reads the manifest and the root index, checks every shard's size and hashes and the
 export checksum, decodes every image, compares sample counts with the manifest and
-with the curated table (the version and predicate the manifest names), and reads a
+with the curated table (the version and predicate the manifest names), checks that no
+exported sample is named by a takedown (the Delta ``takedowns`` table), and reads a
 shuffled sample through ``streaming.StreamingDataset`` with several DataLoader workers.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 from etl.writers.mds import PART_META, combine_digests
 
-__all__ = ["VerifyReport", "verify_export"]
+__all__ = ["VerifyReport", "verify_export", "taken_down_ids"]
 
 
 @dataclass
@@ -63,13 +64,36 @@ def partition_checksums(path: str, splits: list[str]) -> dict[int, str]:
     return {pid: combine_digests(d) for pid, d in digests.items()}
 
 
-def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 64) -> VerifyReport:
+def taken_down_ids(cfg) -> frozenset[str] | None:
+    """The sample ids the root's takedowns table names (given, by key, or matched), or
+    None when the root has no takedowns table. Starts Spark only when there is one."""
+    from etl import tables
+
+    path = tables.layout(cfg).takedowns
+    if "://" not in path and not os.path.isdir(os.path.join(path, "_delta_log")):
+        return None
+    from pyspark.sql import functions as F
+
+    from etl.session import get_spark
+    from etl.transforms.bronze import takedown_identifiers
+
+    spark = get_spark(cfg)
+    table = tables.read_delta(spark, path)
+    if table is None:
+        return None
+    ids = takedown_identifiers(table).where(F.col("kind") == "sample_id")
+    return frozenset(r["value"] for r in ids.select("value").collect())
+
+
+def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 64,
+                  taken_down: frozenset[str] | None = None) -> VerifyReport:
     """Verify the export at `path`; an ``s3://`` export is downloaded to a temporary
-    folder first (verification reads every byte anyway)."""
+    folder first (verification reads every byte anyway). `taken_down`: sample ids no
+    export may hold (:func:`taken_down_ids`)."""
     from etl.writers.remote import is_remote
 
     if not is_remote(path):
-        return _verify_local(path, path, loader_workers, loader_samples)
+        return _verify_local(path, path, loader_workers, loader_samples, taken_down)
     import tempfile
 
     from etl.writers.remote import S3Store
@@ -81,13 +105,77 @@ def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 6
                 continue
             os.makedirs(os.path.dirname(os.path.join(local, rel)), exist_ok=True)
             store.client.download_file(store.bucket, store._key(rel), os.path.join(local, rel))
-        return _verify_local(local, path, loader_workers, loader_samples)
+        return _verify_local(local, path, loader_workers, loader_samples, taken_down)
 
 
-def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: int):
+def _in_child(fn, *args):
+    """`fn(*args)` in a fresh (spawned) process.
+
+    ``StreamingDataset`` never releases its shared memory before the process exits: every
+    instance keeps its segments open, and opens (and keeps) every segment of the earlier
+    instances it probes for a free name. A long-lived driver that verifies exports, or a
+    test session, would run out of file descriptors; a child process returns them all
+    when it ends, and its exit removes the segments it created.
+    """
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    # Not a multiprocessing.Pool: its workers are daemons, which cannot start the
+    # DataLoader's workers.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def _read_back(path: str, splits: list[str], biggest: str, loader_workers: int,
+               loader_samples: int, taken_down: frozenset[str] | None
+               ) -> tuple[int, int, list[str]]:
+    """Decode every image through ``StreamingDataset`` (and flag any sample a takedown
+    names), then read the largest split through a shuffled multi-worker DataLoader as
+    training does: (images decoded, samples the loader read, problems)."""
+    import torch.utils.data
     from streaming import StreamingDataset
-    from streaming.base.hashing import get_hash
     from streaming.base.util import clean_stale_shared_memory
+
+    decoded, problems = 0, []
+    for split in splits:
+        clean_stale_shared_memory()
+        dataset = StreamingDataset(local=path, split=split or None, shuffle=False, batch_size=1)
+        for i in range(len(dataset)):
+            try:
+                sample = dataset[i]
+                if taken_down and sample.get("sample_id") in taken_down:
+                    problems.append(
+                        f"{split or 'sample'} {i}: sample {sample['sample_id']} is named by "
+                        "a takedown: export again to leave it out")
+                image = sample["image"]
+                image.load()
+                if image.format != "JPEG":
+                    raise ValueError(f"format {image.format}")
+                decoded += 1
+            except Exception as exc:  # noqa: BLE001 -- every failure is reported, not raised
+                problems.append(f"{split or 'sample'} {i}: image does not decode: {exc}")
+        del dataset
+
+    clean_stale_shared_memory()
+    shuffled = StreamingDataset(
+        local=path, split=biggest or None, shuffle=True, shuffle_seed=1, batch_size=8
+    )
+    loader = torch.utils.data.DataLoader(
+        shuffled, batch_size=8, num_workers=loader_workers, collate_fn=_identity,
+        # Workers start fresh, as training starts them (pylance is not fork-safe).
+        multiprocessing_context="spawn" if loader_workers else None,
+    )
+    loaded = 0
+    for batch in loader:
+        loaded += len(batch)
+        if loaded >= loader_samples:
+            break
+    return decoded, loaded, problems
+
+
+def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: int,
+                  taken_down: frozenset[str] | None = None):
+    from streaming.base.hashing import get_hash
 
     report = VerifyReport(shown)
     try:
@@ -145,49 +233,36 @@ def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: in
 
         try:
             ds = lance.dataset(table, version=manifest["table_version"])
+        except (ValueError, OSError) as exc:
+            ds = None
+            try:
+                gone = lance.dataset(table).version > manifest["table_version"]
+            except (ValueError, OSError):
+                gone = False
+            report.problems.append(
+                f"table {table} v{manifest['table_version']} no longer exists (its versions "
+                "were cleaned after a removal): export again" if gone else
+                f"cannot read table {table}: {exc}"
+            )
+        if ds is not None:
             rows = ds.count_rows(filter=manifest.get("where"))
-            # Non-canonical duplicates dedup marked are left out by the export.
+            # Non-canonical duplicates dedup marked are left out by the export, and so
+            # are rows a takedown names that were still in the table.
             rows -= (manifest.get("dedup") or {}).get("excluded_duplicates", 0)
+            rows -= (manifest.get("removals") or {}).get("excluded_taken_down", 0)
             if rows != report.samples:
                 report.problems.append(
                     f"table {table} v{manifest['table_version']} has {rows} rows matching "
                     f"{manifest.get('where')!r}, export has {report.samples}"
                 )
-        except (ValueError, OSError) as exc:
-            report.problems.append(f"cannot read table {table}: {exc}")
 
-    for split in splits:
-        clean_stale_shared_memory()
-        dataset = StreamingDataset(local=path, split=split or None, shuffle=False, batch_size=1)
-        for i in range(len(dataset)):
-            try:
-                image = dataset[i]["image"]
-                image.load()
-                if image.format != "JPEG":
-                    raise ValueError(f"format {image.format}")
-                report.images_decoded += 1
-            except Exception as exc:  # noqa: BLE001 -- every failure is reported, not raised
-                report.problems.append(f"{split or 'sample'} {i}: image does not decode: {exc}")
-        del dataset
-
-    import torch.utils.data
-
-    # The largest split through a shuffled, multi-worker DataLoader, as training reads it.
     biggest = max(splits, key=lambda sp: sum(s["samples"] for s in indexes[sp]["shards"]))
-    clean_stale_shared_memory()
-    shuffled = StreamingDataset(
-        local=path, split=biggest or None, shuffle=True, shuffle_seed=1, batch_size=8
-    )
-    loader = torch.utils.data.DataLoader(
-        shuffled, batch_size=8, num_workers=loader_workers, collate_fn=_identity,
-        # pylance (imported above) is not fork-safe: start workers fresh, as training does.
-        multiprocessing_context="spawn" if loader_workers else None,
-    )
-    for batch in loader:
-        report.loader_samples += len(batch)
-        if report.loader_samples >= loader_samples:
-            break
     expected = min(loader_samples, sum(s["samples"] for s in indexes[biggest]["shards"]))
+    decoded, loaded, problems = _in_child(_read_back, path, splits, biggest, loader_workers,
+                                          loader_samples, taken_down)
+    report.images_decoded += decoded
+    report.loader_samples += loaded
+    report.problems.extend(problems)
     if report.loader_samples < expected:
         report.problems.append(
             f"DataLoader read {report.loader_samples} samples, expected at least {expected}"

@@ -22,23 +22,37 @@ def format_summary(run_id: str, cur: CurateResult | None, exports: list) -> str:
     if cur is not None:
         header = (
             f"{'source':<20} {'seen':>7} {'accepted':>9} {'rejected':>9} {'errors':>7} "
-            f"{'flagged':>8} {'unchanged':>10}  reasons (rejected; flagged)"
+            f"{'flagged':>8} {'unchanged':>10} {'removed':>8}  "
+            "reasons (rejected; flagged; removed)"
         )
         lines += ["", header, "-" * len(header)]
         for c in cur.counts:
-            why = ", ".join(f"{k}={v}" for k, v in {**c.reasons, **c.filtered}.items()) or "-"
+            why = ", ".join(f"{k}={v}" for k, v in
+                            {**c.reasons, **c.filtered, **c.removed}.items()) or "-"
             lines.append(
                 f"{c.source:<20} {c.seen:>7} {c.accepted:>9} {c.rejected:>9} "
-                f"{c.internal_errors:>7} {sum(c.filtered.values()):>8} {c.unchanged:>10}  {why}"
+                f"{c.internal_errors:>7} {sum(c.filtered.values()):>8} {c.unchanged:>10} "
+                f"{sum(c.removed.values()):>8}  {why}"
             )
         tot = [sum(getattr(c, f) for c in cur.counts)
                for f in ("seen", "accepted", "rejected", "internal_errors")]
         flagged = sum(sum(c.filtered.values()) for c in cur.counts)
         same = sum(c.unchanged for c in cur.counts)
+        gone = sum(sum(c.removed.values()) for c in cur.counts)
         lines.append(
             f"{'total':<20} {tot[0]:>7} {tot[1]:>9} {tot[2]:>9} {tot[3]:>7} {flagged:>8} "
-            f"{same:>10}"
+            f"{same:>10} {gone:>8}"
         )
+        for c in cur.counts:
+            if c.removal_scan and c.removal_scan.startswith("deferred"):
+                lines.append(f"removals of {c.source} {c.removal_scan}")
+        if cur.purge is not None:
+            p = cur.purge
+            lines.append(
+                "removed rows' bytes: gone from storage" if p.done else
+                f"removed rows' bytes: held by curated versions before {p.version} until "
+                f"{p.due:%Y-%m-%d %H:%M} UTC (lakehouse.removal_retention_hours)"
+            )
         if tot[3]:
             lines += ["", f"errors          : {tot[3]} record(s) failed on an exception in "
                       "lakeshard's own code, not on bad data (rejects table, reason "
@@ -118,6 +132,7 @@ def write_summary(out: RunOutcome, out_dir: str) -> str:
             },
             f,
             indent=2,
+            default=str,  # datetimes (when removed rows' bytes are purged)
         )
     return path
 

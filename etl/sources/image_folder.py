@@ -53,7 +53,8 @@ class ImageFolderSource(SourceAdapter):
             )
 
     def read(
-        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
+        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
+        version: int | None = None,
     ) -> DataFrame:
         files = list_files(source.path)
         by_stem: dict[str, dict] = {}

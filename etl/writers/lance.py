@@ -1,8 +1,9 @@
 """Lance tables from Spark: a Python data source named ``lance``.
 
 The Lance Spark connector (``org.lance:lance-spark-bundle-4.1_2.13``) is not served by
-the package registry this project builds from (see README, "Pins"), so lakeshard talks
-to Lance through pylance inside Spark's Python data source API (Spark >= 4.0):
+the package registry this project builds from (docs/development.md, "Pins and why"), so
+lakeshard talks to Lance through pylance inside Spark's Python data source API
+(Spark >= 4.0):
 
 * **write** -- every Spark task writes its rows as Lance fragments (data files only,
   nothing visible yet) and returns their metadata; the driver commits all fragments in
@@ -16,8 +17,8 @@ to Lance through pylance inside Spark's Python data source API (Spark >= 4.0):
 Spark's own filter pushdown for Python data sources (``pushFilters``, Spark 4.1) is not
 used: Spark 4.1.4 caches the pushed-down reader on the relation and reuses it for a
 later query on the same DataFrame that pushes nothing, returning rows filtered by the
-earlier query's predicate (see README, "Known issues"). Without it Spark evaluates
-every ``where`` itself, so results are always right.
+earlier query's predicate (docs/development.md, "Known issues"). Without it Spark
+evaluates every ``where`` itself, so results are always right.
 
 Usage::
 
@@ -51,7 +52,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-__all__ = ["LanceDataSource", "table_version", "delete_rows", "FRAGMENT_ID", "ROW_ADDRESS"]
+__all__ = [
+    "LanceDataSource", "table_version", "delete_rows", "deleted_per_fragment", "FRAGMENT_ID",
+    "ROW_ADDRESS",
+]
 
 # Read option ``fragment_id``: adds this int column (the Lance fragment each row lives in),
 # which :func:`etl.writers.lance_columns.write_columns` uses to route values home.
@@ -285,11 +289,27 @@ def _append_schema(path: str, given: pa.Schema) -> pa.Schema:
     return pa.schema([table.field(n) for n in given.names])
 
 
-def delete_rows(path: str, sample_ids: list[str], *, chunk: int = 1000) -> int:
-    """Delete the rows of `sample_ids` from the Lance table at `path` (deletion files,
-    no data rewrite); one table version per `chunk` ids. Returns how many were given."""
+def delete_rows(path: str, sample_ids: list[str]) -> int:
+    """Delete the rows of `sample_ids` from the Lance table at `path` in one version
+    (deletion files: no data file is rewritten, see
+    :func:`etl.lakehouse.maintenance.materialize_deletions` for that). Returns how many
+    rows were deleted; ids the table does not hold are ignored (callers pass ids it
+    holds: Lance writes a version even when none matches)."""
+    if not sample_ids:
+        return 0
+    ids = pa.table({"sample_id": pa.array(sorted(set(sample_ids)), pa.string())})
     ds = _dataset(path)
-    for i in range(0, len(sample_ids), chunk):
-        quoted = ", ".join("'" + s.replace("'", "''") + "'" for s in sample_ids[i:i + chunk])
-        ds.delete(f"sample_id IN ({quoted})")
-    return len(sample_ids)
+    # merge_insert joins the ids against the table (its sample_id index when there is
+    # one), however many there are: one transaction, not one predicate per chunk.
+    stats = ds.merge_insert("sample_id").when_matched_delete().execute(ids)
+    return int(stats["num_deleted_rows"])
+
+
+def deleted_per_fragment(path: str) -> dict[int, int]:
+    """Fragment id -> rows its deletion file marks deleted (0: none), from the table's
+    metadata alone: what a delete touched is the difference of two of these."""
+    return {
+        f.fragment_id: (f.metadata.deletion_file.num_deleted_rows
+                        if f.metadata.deletion_file is not None else 0)
+        for f in _dataset(path).get_fragments()
+    }
