@@ -114,6 +114,20 @@ def test_report_thumbnails_of_removed_records_are_deleted(tmp_path):
     assert not (run / "contact_kept.png").exists() and (run / "contact_flagged.png").exists()
     assert json.loads((run / "report.json").read_text())["contact_kept"] == ["a"]
 
+    # The duplicates' sheet too: a taken-down member leaves its cluster, and a cluster
+    # left empty leaves the sheet.
+    for sid in ("d", "e", "f"):
+        (run / "thumbs" / f"{sid}.jpg").write_bytes(b"jpeg")
+    (run / "contact_duplicates.png").write_bytes(b"png")
+    meta = json.loads((run / "report.json").read_text())
+    meta["dedup"] = {"clusters": 2, "contact_clusters": [["a", "d"], ["e"], ["f"]]}
+    (run / "report.json").write_text(json.dumps(meta))
+    assert _scrub_reports(cfg, {"d", "e"}) == 2
+    assert sorted(p.name for p in (run / "thumbs").iterdir()) == ["a.jpg", "c.jpg", "f.jpg"]
+    assert not (run / "contact_duplicates.png").exists()
+    dedup = json.loads((run / "report.json").read_text())["dedup"]
+    assert dedup == {"clusters": 2, "contact_clusters": [["a"], ["f"]]}
+
 
 # ------------------------------------------------------------------------ end to end
 

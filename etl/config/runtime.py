@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from pydantic import Field, field_validator, model_validator
 
 from etl.config.base import FieldError, Name, Section, Strings, StrMap, Text, local_path
+from etl.config.budgets import BudgetsConfig
 from etl.errors import ConfigError
 
 __all__ = [
@@ -299,8 +300,11 @@ class RunConfig(Section):
     report: bool = True
     report_samples: Annotated[int, Field(ge=0, le=500)] = 24  # images per contact sheet
     report_max_rows: Annotated[int, Field(ge=100)] = 200_000  # histogram sample size
-    # Console progress of running Spark stages, every this many seconds (0: off).
+    # Console progress of running Spark stages, every this many seconds (0: off; then
+    # Spark's own console progress bar is on instead).
     progress_interval_s: Annotated[float, Field(ge=0)] = 10.0
+    # When a stage's failed rows fail the stage and the run (etl/config/budgets.py).
+    budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
 
     @field_validator("lock_path")
     @classmethod

@@ -35,13 +35,14 @@ from etl.lakehouse.maintenance import (
     run_due_purges,
 )
 from etl.runtime.faults import fault_point
-from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.schema import REMOVED, UPSTREAM_COLUMNS, sample_id_col
 from etl.sources import adapter_for, finish_ingest
 from etl.transforms.accounting import SourceCounts, accounting_rows, source_counts
 from etl.transforms.bronze import (
     CONTAINER_FAILURES,
     TAKEN_DOWN,
+    known_fingerprint,
     live,
     manifest_rows,
     mark_duplicate_keys,
@@ -55,6 +56,7 @@ from etl.transforms.bronze import (
 from etl.transforms.fetch import fetch_images
 from etl.transforms.prepare import (
     accepted_rows,
+    failure_examples,
     outcome_counts,
     prepare_images,
     rejected_rows,
@@ -95,6 +97,8 @@ class CurateResult:
     purge: PurgeResult | None = None
     # Source versions read (ledger keys -> version), for the next run's history.
     source_versions: dict[str, int] | None = None
+    # A few failed records (internal errors first), for the failure budgets' messages.
+    examples: tuple[str, ...] = ()
 
 
 def list_sources(spark: SparkSession, cfg: Config,
@@ -127,7 +131,7 @@ def _skipped_containers(cfg: Config, manifest: DataFrame | None
         gone = (F.col("status") == REMOVED) & (F.col("reason") == "source_removed")
         known = (
             manifest.where((F.col("source") == s.name) & ~gone)
-            .groupBy("source_uri", "fingerprint").count().collect()
+            .groupBy("source_uri", known_fingerprint()).count().collect()
         )
         skip[s.name], counts[s.name] = unchanged_containers(listed, known)
     return skip, counts
@@ -330,6 +334,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     outcome = outcome_counts(prepared).persist()
     outcome_rows = outcome.collect()
+    examples = failure_examples(outcome_rows, cfg.run.budgets.examples)
     fault_point("curate:prepared")
 
     # write curated
@@ -396,7 +401,8 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         kept = {k: v for k, v in _previous_versions(cfg).items() if k in deferred}
         _record_versions(cfg, {**kept, **source_versions})
     return CurateResult(paths.curated, ds.version, ds.count_rows(), paths.rejects,
-                        paths.manifest, paths.accounting, counts, purge, source_versions)
+                        paths.manifest, paths.accounting, counts, purge, source_versions,
+                        examples=examples)
 
 
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
@@ -419,6 +425,11 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
             outputs[f"removed:{reason}"] = outputs.get(f"removed:{reason}", 0) + n
         if c.removed:
             outputs[f"removed_in:{c.source}"] = sum(c.removed.values())
+    errors = sum(c.internal_errors for c in cur.counts)
+    if errors:
+        outputs["internal_error"] = errors
+    tally = RowTally(rows=inputs["seen"], ok=outputs["accepted"], failed=outputs["rejected"],
+                     internal_errors=errors, examples=cur.examples, failed_label="rejected")
     versions = {"lance:curated": cur.curated_version, **(cur.source_versions or {})}
     rejects_version = tables.delta_version(spark, cur.rejects_path)
     if rejects_version is not None:
@@ -428,4 +439,4 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
         note = (f"removed rows' bytes stay in versions before {cur.purge.version} until "
                 f"{cur.purge.due:%Y-%m-%d %H:%M} UTC")
     return StageResult(inputs=inputs, outputs=outputs, table_versions=versions, note=note,
-                       detail=cur)
+                       tally=tally, detail=cur)

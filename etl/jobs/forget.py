@@ -275,8 +275,9 @@ def _rededup(spark: SparkSession, cfg: Config, run_id: str) -> int:
 
 
 def _scrub_reports(cfg: Config, sample_ids: set[str]) -> int:
-    """Remove the removed records' thumbnails (and the contact sheets drawn from them)
-    from run reports under a local root; returns thumbnails removed."""
+    """Remove the removed records' thumbnails (and the contact sheets drawn from them:
+    kept, flagged, duplicates) from run reports under a local root; returns thumbnails
+    removed."""
     reports = tables.layout(cfg).reports_dir
     if "://" in reports:
         log.warning("forget: reports under %s (an object store) are not scrubbed of "
@@ -303,6 +304,21 @@ def _scrub_reports(cfg: Config, sample_ids: set[str]) -> int:
             if png.exists():
                 png.unlink()
             meta[sheet] = [s for s in ids if s not in sample_ids]
+            changed = True
+        dedup = meta.get("dedup") or {}
+        clusters = dedup.get("contact_clusters") or []
+        hit = [s for c in clusters for s in c if s in sample_ids]
+        if hit:  # the duplicates' sheet: clusters, canonical member first
+            for sid in hit:
+                thumb = meta_path.parent / "thumbs" / f"{sid}.jpg"
+                if thumb.exists():
+                    thumb.unlink()
+                    removed += 1
+            png = meta_path.parent / "contact_duplicates.png"
+            if png.exists():
+                png.unlink()
+            dedup["contact_clusters"] = [kept for c in clusters
+                                         if (kept := [s for s in c if s not in sample_ids])]
             changed = True
         if changed:
             tmp = meta_path.with_suffix(".json.tmp")

@@ -1,8 +1,10 @@
-"""Where every input record ended, per source: seen = accepted + rejected (processed this
-run, by reason), `unchanged` (already ingested, skipped), and `removed` (records that
-left every table this run: gone from their source, or taken down). The curate and
-forget jobs count with these; the summary prints them; the Delta `accounting` table
-keeps them."""
+"""Where every input record ended, per source: seen = accepted + rejected + internal
+errors (processed this run, by reason), `unchanged` (already ingested, skipped), and
+`removed` (records that left every table this run: gone from their source, or taken
+down). The curate and forget jobs count with these; the summary prints them; the Delta
+`accounting` table keeps them. An internal error (reason ``internal_error``: lakeshard's
+own code failed on the record) is not a rejection of the data: it is counted apart
+(status ``error`` in the accounting table) and retried by the next run."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from etl.schema import ACCOUNTING_SCHEMA, REMOVED
+from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["SourceCounts", "source_counts", "accounting_rows", "removal_counts",
            "removal_rows"]
@@ -36,6 +39,8 @@ class SourceCounts:
     # manifest against what the source lists), "kept" (on_removed: keep), or why none
     # were looked for this run ("deferred: ...").
     removal_scan: str | None = None
+    # Records lakeshard's own code failed on (reason internal_error; not in `rejected`).
+    internal_errors: int = 0
 
 
 def source_counts(outcome: Sequence[Mapping], sources: Sequence[str],
@@ -49,11 +54,12 @@ def source_counts(outcome: Sequence[Mapping], sources: Sequence[str],
     for name in sources:
         mine = [r for r in outcome if r["source"] == name]
         accepted = sum(r["count"] for r in mine if r["status"] == "ok")
-        rejected = sum(r["count"] for r in mine if r["status"] != "ok")
+        errors = sum(r["count"] for r in mine if r["reason"] == INTERNAL_ERROR)
+        rejected = sum(r["count"] for r in mine if r["status"] != "ok") - errors
         reasons: dict[str, int] = {}
         filtered: dict[str, int] = {}
         for r in mine:
-            if r["status"] != "ok":
+            if r["status"] != "ok" and r["reason"] != INTERNAL_ERROR:
                 key = r["reason"] or "unknown"
                 reasons[key] = reasons.get(key, 0) + r["count"]
             elif r["filter_reason"]:
@@ -64,10 +70,10 @@ def source_counts(outcome: Sequence[Mapping], sources: Sequence[str],
                 gone[r["reason"]] = gone.get(r["reason"], 0) + r["count"]
         out.append(
             SourceCounts(
-                name, accepted + rejected, accepted, rejected,
+                name, accepted + rejected + errors, accepted, rejected,
                 dict(sorted(reasons.items())), dict(sorted(filtered.items())),
                 unchanged.get(name, 0), dict(sorted(gone.items())),
-                (scans or {}).get(name),
+                (scans or {}).get(name), internal_errors=errors,
             )
         )
     return tuple(out)
@@ -94,14 +100,16 @@ def removal_rows(spark: SparkSession, counts: Sequence[Mapping], *, run_id: str,
 def accounting_rows(outcome: DataFrame, unchanged: Mapping[str, int], *, run_id: str,
                     run_at: datetime, removed: Sequence[Mapping] = ()) -> DataFrame:
     """The accounting table's rows for one run: one per (source, outcome, stage, reason,
-    filter reason) processed, one `unchanged` row per source that skipped any, and one
-    `removed` row per (source, table left, reason) of records removed."""
+    filter reason) processed (outcome: accepted, rejected, or error for internal
+    errors), one `unchanged` row per source that skipped any, and one `removed` row per
+    (source, table left, reason) of records removed."""
     ok = F.col("status") == "ok"
     processed = outcome.select(
         F.lit(run_id).alias("run_id"),
         F.lit(run_at).alias("run_at"),
         "source",
-        F.when(ok, F.lit("accepted")).otherwise(F.lit("rejected")).alias("status"),
+        F.when(ok, F.lit("accepted")).when(F.col("reason") == INTERNAL_ERROR, F.lit("error"))
+        .otherwise(F.lit("rejected")).alias("status"),
         F.when(~ok, F.col("stage")).alias("stage"),
         F.when(~ok, F.coalesce("reason", F.lit("unknown"))).alias("reason"),
         F.when(ok, F.col("filter_reason")).alias("filter_reason"),

@@ -5,8 +5,9 @@ curate and forget jobs read and write; these functions only decide.
 
 A record is *unchanged* when its ``sample_id`` is in the manifest with the same
 fingerprint (file size + mtime for folders and tars; null for tables, which are keyed)
-and its last outcome was not a transient failure (timeout, connection, DNS, 429, 5xx),
-which the next run retries. A tar shard whose every manifest record carries the shard's
+and its last outcome was not a transient failure (timeout, connection, DNS, 429, 5xx)
+or an internal error (lakeshard's own code failed on it), which the next run
+retries. A tar shard whose every manifest record carries the shard's
 current fingerprint is not even opened. A record *removed* from its source is new
 again if it comes back; a record taken down stays known (and refused if it changes).
 """
@@ -21,11 +22,13 @@ from pyspark.sql import functions as F
 
 from etl.schema import MANIFEST_SCHEMA, REMOVED
 from udfs.fetch import TRANSIENT_STATUSES
+from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = [
     "CONTAINER_FAILURES",
     "TAKEN_DOWN",
     "unchanged_containers",
+    "known_fingerprint",
     "mark_unchanged",
     "mark_duplicate_keys",
     "manifest_rows",
@@ -69,9 +72,15 @@ def unchanged_containers(listed: Mapping[str, str], known: Sequence[Mapping]
 
 
 def _is_retry(manifest_status: Column, reason: Column) -> Column:
-    return (manifest_status == "rejected") & reason.isin(*TRANSIENT_STATUSES) | (
-        reason.startswith("http_5")
-    )
+    retried = reason.isin(*TRANSIENT_STATUSES, INTERNAL_ERROR)
+    return (manifest_status == "rejected") & retried | reason.startswith("http_5")
+
+
+def known_fingerprint() -> Column:
+    """A manifest row's fingerprint as the skip decision sees it: null for a record the
+    next run retries, so a container (tar shard) holding one is opened again."""
+    return (F.when(_is_retry(F.col("status"), F.col("reason")), F.lit(None))
+            .otherwise(F.col("fingerprint")).alias("fingerprint"))
 
 
 def mark_unchanged(listed: DataFrame, manifest: DataFrame | None) -> DataFrame:
