@@ -126,35 +126,39 @@ def _in_child(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-def _read_back(path: str, splits: list[str], biggest: str, loader_workers: int,
-               loader_samples: int, taken_down: frozenset[str] | None
+def _read_back(path: str, splits: list[str], counts: list[int], biggest: str,
+               loader_workers: int, loader_samples: int, taken_down: frozenset[str] | None
                ) -> tuple[int, int, list[str]]:
     """Decode every image through ``StreamingDataset`` (and flag any sample a takedown
     names), then read the largest split through a shuffled multi-worker DataLoader as
     training does: (images decoded, samples the loader read, problems)."""
     import torch.utils.data
-    from streaming import StreamingDataset
+    from streaming import Stream, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
-    decoded, problems = 0, []
-    for split in splits:
-        clean_stale_shared_memory()
-        dataset = StreamingDataset(local=path, split=split or None, shuffle=False, batch_size=1)
-        for i in range(len(dataset)):
+    # One dataset over every split (a stream each): every StreamingDataset probes, and
+    # keeps open, the shared memory of the ones before it, so one per bucket could run a
+    # bucketed export out of file descriptors even here.
+    clean_stale_shared_memory()
+    dataset = StreamingDataset(streams=[Stream(local=path, split=split or None)
+                                        for split in splits], shuffle=False, batch_size=1)
+    decoded, problems, base = 0, [], 0
+    for split, n in zip(splits, counts, strict=True):
+        for j in range(min(n, len(dataset) - base)):
             try:
-                sample = dataset[i]
+                sample = dataset[base + j]
                 if taken_down and sample.get("sample_id") in taken_down:
-                    problems.append(
-                        f"{split or 'sample'} {i}: sample {sample['sample_id']} is named by "
-                        "a takedown: export again to leave it out")
+                    problems.append(f"{split or 'sample'} {j}: sample {sample['sample_id']} is "
+                                    "named by a takedown: export again to leave it out")
                 image = sample["image"]
                 image.load()
                 if image.format != "JPEG":
                     raise ValueError(f"format {image.format}")
                 decoded += 1
             except Exception as exc:  # noqa: BLE001 -- every failure is reported, not raised
-                problems.append(f"{split or 'sample'} {i}: image does not decode: {exc}")
-        del dataset
+                problems.append(f"{split or 'sample'} {j}: image does not decode: {exc}")
+        base += n
+    del dataset
 
     clean_stale_shared_memory()
     shuffled = StreamingDataset(
@@ -258,8 +262,9 @@ def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: in
 
     biggest = max(splits, key=lambda sp: sum(s["samples"] for s in indexes[sp]["shards"]))
     expected = min(loader_samples, sum(s["samples"] for s in indexes[biggest]["shards"]))
-    decoded, loaded, problems = _in_child(_read_back, path, splits, biggest, loader_workers,
-                                          loader_samples, taken_down)
+    counts = [sum(s["samples"] for s in indexes[sp]["shards"]) for sp in splits]
+    decoded, loaded, problems = _in_child(_read_back, path, splits, counts, biggest,
+                                          loader_workers, loader_samples, taken_down)
     report.images_decoded += decoded
     report.loader_samples += loaded
     report.problems.extend(problems)
