@@ -262,8 +262,9 @@ def test_sample_pipeline_on_s3(s3, uninterrupted):
         server.throttle_every(0)
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-5000:]
     assert throttled > 20
-    # seen, accepted, rejected, flagged: 0 -- all 31 records unchanged.
-    assert re.search(r"^total\s+0\s+0\s+0\s+0\s+31$", second.stdout, re.M), second.stdout
+    # seen, accepted, rejected, errors, flagged: 0 -- all 31 records unchanged, none removed.
+    assert re.search(r"^total\s+0\s+0\s+0\s+0\s+0\s+31\s+0$", second.stdout, re.M), \
+        second.stdout
     assert _lance(server, "a").version == ds.version
     assert {t: _delta(server, "a", t)[0].version() for t in versions} == versions
     # dedup's rows too (its table properties may move on: it re-records the curated
@@ -303,7 +304,9 @@ def test_outage_and_kills_then_a_rerun_give_the_uninterrupted_result(s3, uninter
         if '"stage_failed"' in line and server.down:
             server.start()
 
-    res = _lakeshard(env, work, "run", "--conf", conf, on_line=restart_on_failure)
+    # --log-format json: the run's events on stderr as a log shipper reads them.
+    res = _lakeshard(env, work, "run", "--conf", conf, "--log-format", "json",
+                     on_line=restart_on_failure)
     if server.down:
         server.start()
     assert server.tripped.is_set()
