@@ -301,6 +301,10 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     d2 = run_pipeline(cfg, only=("curate", "dedup")).detail("dedup")
     s2, _ = state()
     assert d2.mode == "incremental" and d2.changed == 0
+    # Decided from the dedup table's properties (curated version, settings, stats): no
+    # table read, the same figures as the run that computed them.
+    assert d2.from_metadata and d2.new_rows == 0
+    assert (d2.counts, d2.clusters, d2.version) == (d.counts, d.clusters, d.version)
     assert {k: r.dup_cluster_id for k, r in s2.items()} == {
         k: r.dup_cluster_id for k, r in s1.items()}
 
