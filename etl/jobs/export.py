@@ -8,6 +8,8 @@ address inside each task and skips the work when an export with the same key exi
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import SparkSession
 
 from etl import tables
@@ -22,6 +24,7 @@ from etl.transforms.export import (
 )
 from etl.writers.lance import ROW_ADDRESS
 from etl.writers.mds import BlobSource, ExportResult, export_mds, mds_encoding, read_manifest
+from etl.writers.remote import read_file, write_file
 
 __all__ = ["export", "stage"]
 
@@ -74,19 +77,27 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     if not exp.include_duplicates:
         duplicates = tables.non_canonical_ids(spark, cfg, table.version)
     dedup_manifest: dict = {"include_duplicates": exp.include_duplicates}
+    memo = memo_inputs = None
     if duplicates is not None:
         # Non-canonical duplicates stay in the table; the export leaves them out.
-        matching = expected
-        expected = read(["sample_id"]).load(curated_path).join(
-            duplicates, "sample_id", "left_anti"
-        ).count()
         # What was left out, as content (not as a Delta version): an unchanged dedup
         # result keeps the export key, so a rerun stays a no-op.
         # excluded_duplicates: rows matching `where` left out (verify-export subtracts it).
-        dedup_manifest.update(
-            excluded_duplicates=matching - expected,
-            duplicates_fingerprint=ids_fingerprint(duplicates),
-        )
+        memo_inputs = {"table_version": table.version, "where": exp.where,
+                       "dedup_version": tables.delta_version(spark, tables.layout(cfg).dedup)}
+        memo = _read_memo(cfg, name)
+        if memo is not None and memo.get("inputs") == memo_inputs:
+            # The same table versions: the same figures, without reading either table.
+            expected, excluded, fingerprint = (
+                memo["expected"], memo["excluded_duplicates"], memo["duplicates_fingerprint"])
+        else:
+            matching = expected
+            expected = read(["sample_id"]).load(curated_path).join(
+                duplicates, "sample_id", "left_anti"
+            ).count()
+            excluded, fingerprint = matching - expected, ids_fingerprint(duplicates)
+        dedup_manifest.update(excluded_duplicates=excluded,
+                              duplicates_fingerprint=fingerprint)
     rows = export_rows(
         curated, mapping, captions=set(exp.captions), fetched=set(fetched),
         duplicates=duplicates, row_address=ROW_ADDRESS,
@@ -117,7 +128,28 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
             f"export {name!r} has {result.samples} samples, the table has {expected} "
             f"matching {exp.where!r}"
         )
+    if memo_inputs is not None and (memo or {}).get("inputs") != memo_inputs:
+        _write_memo(cfg, name, {"inputs": memo_inputs, "expected": expected,
+                                **{k: dedup_manifest[k] for k in (
+                                    "excluded_duplicates", "duplicates_fingerprint")}})
     return result
+
+
+def _memo_path(cfg: Config, name: str) -> str:
+    return f"{tables.layout(cfg).meta_dir}/exports/{name}.json"
+
+
+def _read_memo(cfg: Config, name: str) -> dict | None:
+    """What the last export of `name` counted from the dedup table (rows exported,
+    duplicates left out, their fingerprint), and at which curated and dedup table
+    versions: a Delta version pins its content, so the same versions give the same
+    figures and a rerun needs no Spark job to know its export key."""
+    body = read_file(_memo_path(cfg, name))
+    return None if body is None else json.loads(body)
+
+
+def _write_memo(cfg: Config, name: str, memo: dict) -> None:
+    write_file(_memo_path(cfg, name), json.dumps(memo, sort_keys=True).encode())
 
 
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
