@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import subprocess
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -28,6 +29,8 @@ from pyspark.sql import Row, SparkSession
 from etl import tables
 from etl.config import Config
 from etl.schema import RUNS_SCHEMA
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "config_hash", "code_version", "arrow_schema", "append", "record", "mark_crashed",
@@ -107,34 +110,40 @@ def _event(values: dict, recorded_at: datetime) -> dict:
     return row
 
 
-def append(path: str, rows: list[dict]) -> int:
-    """Append ledger events (one small Delta commit, written by delta-rs: no Spark
-    job); returns the table version written. Creates the table on the first call."""
+def append(path: str, rows: list[dict], spark: SparkSession | None = None) -> None:
+    """Append ledger events: one small Delta commit, written by delta-rs (no Spark
+    job); creates the table on the first call. A table with a feature delta-rs cannot
+    write (one Spark created with settings of its own) is appended to by `spark`."""
     import pyarrow as pa
     from deltalake import write_deltalake
-
+    from deltalake.exceptions import DeltaError
 
     keys = [(r["run_id"], r["stage"]) for r in rows]
     if len(set(keys)) != len(keys):
         raise ValueError(f"ledger rows repeat a (run_id, stage): {keys}")
     now = utcnow()
     data = pa.Table.from_pylist([_event(r, now) for r in rows], schema=arrow_schema())
-    table = tables.delta_rs_table(path, write=True)
-    if table is None:
-        write_deltalake(tables.object_url(path), data, mode="append",
-                        storage_options=tables.delta_rs_storage(path, write=True))
-        table = tables.delta_rs_table(path)
-    else:
-        write_deltalake(table, data, mode="append")
-        table.update_incremental()
-    return table.version()
+    try:
+        table = tables.delta_rs_table(path, write=True)
+        write_deltalake(table or tables.object_url(path), data, mode="append",
+                        storage_options=None if table else tables.delta_rs_storage(
+                            path, write=True))
+    except DeltaError as exc:
+        if spark is None or not tables.delta_rs_unsupported(exc):
+            raise
+        log.info("ledger %s: a table feature delta-rs does not write (%s): appending "
+                 "with Spark", path, exc)
+        events = [Row(**{f.name: {**r, "recorded_at": now}.get(f.name)
+                         for f in RUNS_SCHEMA.fields}) for r in rows]
+        spark.createDataFrame(events, RUNS_SCHEMA).write.format("delta").mode(
+            "append").save(path)
 
 
 def record(spark: SparkSession | None, path: str, rows: list[dict]) -> None:
     """Record ledger rows: each is an event appended to the table; the latest event of
     a ``(run_id, stage)`` is its status (:func:`etl.tables.latest_runs`). `spark` is
-    not used (the append is delta-rs's); it stays for the callers' sake."""
-    append(path, rows)
+    only used for a table delta-rs cannot write."""
+    append(path, rows, spark)
 
 
 def mark_crashed(spark: SparkSession, path: str, run_id: str, note: str) -> int:
@@ -148,7 +157,7 @@ def mark_crashed(spark: SparkSession, path: str, run_id: str, note: str) -> int:
     if stale:
         ended = utcnow()
         append(path, [{**r.asDict(), "status": "crashed", "note": note, "ended_at": ended}
-                      for r in stale])
+                      for r in stale], spark)
     return len(stale)
 
 

@@ -55,6 +55,7 @@ __all__ = [
     "delta_version",
     "delta_rs_table",
     "delta_rs_storage",
+    "delta_rs_unsupported",
     "latest_runs",
     "read_runs",
     "dedup_state",
@@ -266,19 +267,31 @@ def delta_rs_storage(path: str, *, write: bool = False) -> dict[str, str] | None
     return None
 
 
+def delta_rs_unsupported(exc: Exception) -> bool:
+    """Whether `exc` is delta-rs refusing a table for a protocol feature it does not
+    implement (a table Spark created with settings of its own), as opposed to a
+    failure of the read or commit itself."""
+    from deltalake.exceptions import DeltaError, DeltaProtocolError
+
+    return isinstance(exc, DeltaProtocolError) or (
+        isinstance(exc, DeltaError) and "Unsupported table features" in str(exc))
+
+
 def _delta_metadata(spark, path: str) -> tuple[int, dict[str, str]] | None:
     """(latest version, table properties) of the Delta table at `path`, None if there
     is none: read from its log by delta-rs, without a Spark job. A table using a
     feature delta-rs does not read (Spark wrote it with settings of its own) is asked
     through Spark instead."""
-    from deltalake.exceptions import DeltaProtocolError
+    from deltalake.exceptions import DeltaError
 
     try:
         table = delta_rs_table(path)
         if table is None:
             return None
         return table.version(), dict(table.metadata().configuration or {})
-    except DeltaProtocolError:
+    except DeltaError as exc:
+        if not delta_rs_unsupported(exc):
+            raise
         from delta.tables import DeltaTable
 
         if not DeltaTable.isDeltaTable(spark, path):

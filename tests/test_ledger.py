@@ -27,21 +27,22 @@ def _row(run_id: str, stage: str, status: str, minute: int, **more) -> dict:
             "started_at": T0 + timedelta(minutes=minute), **more}
 
 
-def _transitions(path: str, run_id: str, *, fail_dedup: bool, minute: int = 0) -> None:
+def _transitions(path: str, run_id: str, *, fail_dedup: bool, minute: int = 0,
+                 spark=None) -> None:
     """What the runner records for stages curate, dedup (caption not selected)."""
-    ledger.record(None, path, [
+    ledger.record(spark, path, [
         _row(run_id, "run", "running", minute),
         _row(run_id, "caption", "skipped", minute, note="not selected"),
         _row(run_id, "curate", "running", minute),
     ])
-    ledger.record(None, path, [
+    ledger.record(spark, path, [
         _row(run_id, "curate", "ok", minute, ended_at=T0 + timedelta(minutes=minute + 1),
              seconds=60.0, inputs={"seen": 7}, outputs={"accepted": 5, "rejected": 2},
              table_versions={"lance:curated": 3}),
         _row(run_id, "dedup", "running", minute + 1),
     ])
     end = "failed" if fail_dedup else "ok"
-    ledger.record(None, path, [
+    ledger.record(spark, path, [
         _row(run_id, "dedup", end, minute + 1, ended_at=T0 + timedelta(minutes=minute + 2),
              note="ValueError: boom" if fail_dedup else None),
         _row(run_id, "run", end, minute, ended_at=T0 + timedelta(minutes=minute + 2)),
@@ -144,3 +145,20 @@ def test_a_ledger_the_merge_era_wrote_is_migrated_and_appended_to(spark, tmp_pat
     assert latest == {**expected, (old_run, "export"): "failed",
                       ("new-run", "run"): "ok", ("new-run", "caption"): "skipped",
                       ("new-run", "curate"): "ok", ("new-run", "dedup"): "ok"}
+
+
+def test_a_ledger_spark_created_with_features_of_its_own_still_records(spark, tmp_path):
+    """A ledger created by Spark with table features (deletion vectors, row tracking,
+    as a Databricks default may) is appended to -- by delta-rs where it can write the
+    table, else by Spark -- and reads back the same."""
+    from etl.schema import RUNS_SCHEMA
+
+    path = str(tmp_path / "runs")
+    spark.createDataFrame([], RUNS_SCHEMA).write.format("delta").option(
+        "delta.enableDeletionVectors", "true").option(
+        "delta.enableRowTracking", "true").save(path)
+    _transitions(path, "r1", fail_dedup=True, spark=spark)
+    ledger.record(spark, path, [_row("r1", "dedup", "running", 5)])  # a rerun of dedup
+    latest = _statuses(ledger.recent_runs(spark, path))
+    assert latest == {("r1", "run"): "failed", ("r1", "caption"): "skipped",
+                      ("r1", "curate"): "ok", ("r1", "dedup"): "running"}
