@@ -314,6 +314,8 @@ def latest_runs(events):
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
+    if "recorded_at" not in events.columns:  # a ledger not migrated yet (read-only use)
+        events = events.withColumn("recorded_at", F.lit(None).cast("timestamp"))
     order = Window.partitionBy("run_id", "stage").orderBy(
         F.col("recorded_at").desc_nulls_last(),
         (F.col("status") != "running").cast("int").desc(),  # a tie: the outcome wins
