@@ -2,19 +2,30 @@
 
 Every command loads the config and checks it against the registries before anything
 else. Commands that change a table (`run`, `curate`, `export`, `dedup`, `caption`,
-`latents`, `features add`, `embed`, `compact`) run through :mod:`etl.pipeline.runner`:
+`latents`, `features add`, `embed`, `compact`, `forget`) run through
+:mod:`etl.pipeline.runner`:
 under the root's run lock, recorded in the run ledger. The others only read.
+
+The console (:func:`etl.runtime.progress.console`): the command's summary on stdout;
+stage and progress lines, warnings and errors on stderr (``-v``: every log record and
+event; ``--log-format json``: events and log records as JSON lines, for log shippers).
+Exit codes: 0 done; 1 a stage failed on an exception (traceback, with where it is
+recorded); 2 bad configuration, arguments or a missing input, before any work;
+3 another run holds the root's lock; 4 a stage exceeded its failure budget
+(``run.budgets``); `verify-export` exits 1 when it finds a problem.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
 
 from etl.config import Config, load_config
-from etl.errors import ConfigError, JarsMissingError, RunLockedError
+from etl.errors import BudgetExceededError, ConfigError, JarsMissingError, RunLockedError
+from etl.runtime.progress import console, console_mode
 
 __all__ = ["main", "build_parser"]
 
@@ -40,38 +51,37 @@ def _load(args) -> Config:
 # ------------------------------------------------------------------ table-changing
 
 
-def _cmd_run(args) -> int:
+def _pipeline(cfg: Config, **kw) -> int:
+    """A pipeline run and its summary -- printed also when a stage is over its failure
+    budget (what was done up to there), before the error."""
     from etl.pipeline.runner import run_pipeline
     from etl.pipeline.summary import format_outcome
 
-    out = run_pipeline(
-        _load(args), only=args.only, skip=args.skip,
-        export_names=tuple(args.export) or None, run_id=args.run_id,
-    )
+    try:
+        out = run_pipeline(cfg, **kw)
+    except BudgetExceededError as exc:
+        if exc.outcome is not None:
+            print(format_outcome(exc.outcome))
+        raise
     print(format_outcome(out))
     return 0
 
 
-def _cmd_curate(args) -> int:
-    from etl.pipeline.runner import run_pipeline
-    from etl.pipeline.summary import format_outcome
+def _cmd_run(args) -> int:
+    return _pipeline(_load(args), only=args.only, skip=args.skip,
+                     export_names=tuple(args.export) or None, run_id=args.run_id)
 
-    print(format_outcome(run_pipeline(_load(args), only=("curate",), run_id=args.run_id)))
-    return 0
+
+def _cmd_curate(args) -> int:
+    return _pipeline(_load(args), only=("curate",), run_id=args.run_id)
 
 
 def _cmd_export(args) -> int:
-    from etl.pipeline.runner import run_pipeline
-    from etl.pipeline.summary import format_outcome
-
     cfg = _load(args)
     names = tuple(args.name) or tuple(cfg.exports)
     if not names:
         raise ConfigError("exports: no export configured (add one under `exports:`)")
-    print(format_outcome(
-        run_pipeline(cfg, only=("export",), export_names=names, run_id=args.run_id)
-    ))
-    return 0
+    return _pipeline(cfg, only=("export",), export_names=names, run_id=args.run_id)
 
 
 def _cmd_dedup(args) -> int:
@@ -88,16 +98,24 @@ def _cmd_caption(args) -> int:
     from etl.pipeline.runner import run_command
 
     cfg = _load(args)
-    out = run_command(cfg, "caption", {"version": args.version, "force": args.force,
-                                       "limit": args.limit}, run_id=args.run_id)
-    result = out.detail("caption")
+    over_budget = None
+    try:
+        out = run_command(cfg, "caption", {"version": args.version, "force": args.force,
+                                           "limit": args.limit}, run_id=args.run_id)
+    except BudgetExceededError as exc:  # what was captioned is committed: say so first
+        over_budget, out = exc, exc.outcome
+    result = out.detail("caption") if out is not None else None
     if result is None:  # no caption versions configured
+        if over_budget is not None:
+            raise over_budget
         print(f"caption: {out.results['caption'].note}")
         return 0
     print(format_caption(result))
     report = write_caption_report(cfg, result)
     if report:
         print(f"report            : {report}")
+    if over_budget is not None:
+        raise over_budget
     return 0
 
 
@@ -173,6 +191,19 @@ def _cmd_compact(args) -> int:
     return 0
 
 
+def _cmd_forget(args) -> int:
+    from etl.jobs.forget import format_forget
+    from etl.pipeline.runner import run_command
+
+    out = run_command(_load(args), "forget", {
+        "sample_ids": args.sample_id, "keys": args.key, "urls": args.url,
+        "hashes": args.image_sha256, "file": args.file, "by": args.by,
+        "reason": args.reason, "request_id": args.request_id, "dry_run": args.dry_run,
+    }, run_id=args.run_id)
+    print(format_forget(out.detail("forget")))
+    return 0
+
+
 # ------------------------------------------------------------------------ read-only
 
 
@@ -232,18 +263,21 @@ def _cmd_jpeg_audit(args) -> int:
 
 def _cmd_verify_export(args) -> int:
     from etl import tables
-    from etl.jobs.verify_export import verify_export
+    from etl.jobs.verify_export import taken_down_ids, verify_export
 
     cfg = _load(args)
     path = tables.export_path(cfg, args.name)
     if "://" not in path and not os.path.isdir(path):
         raise FileNotFoundError(f"no export at {path}: run `lakeshard export --name {args.name}`")
-    report = verify_export(path)
+    taken_down = taken_down_ids(cfg)
+    report = verify_export(path, taken_down=taken_down)
     print(
         f"{path}: {report.samples} samples in {report.shards} shard(s); "
         f"{report.images_decoded} images decoded; {report.loader_samples} read through "
         "a shuffled DataLoader with 2 workers"
     )
+    if taken_down is not None:
+        print(f"takedowns: every sample checked against {len(taken_down)} taken-down id(s)")
     for problem in report.problems:
         print(f"PROBLEM: {problem}")
     print("OK" if report.ok else f"FAILED: {len(report.problems)} problem(s)")
@@ -290,7 +324,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--conf", help="YAML config (default: the embedded conf/local.yaml)", default=None
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show everything: debug logs and every event, with timestamps")
+    parser.add_argument("--log-format", choices=("text", "json"), default="text",
+                        help="json: every event and log record as one JSON object per line "
+                        "on stderr (for log shippers); default: lines for people")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("run", help="the configured stages in order (default: all), "
@@ -352,8 +390,34 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("compact", help="compact fragments, clean versions past retention")
     p.set_defaults(func=_cmd_compact)
 
+    p = sub.add_parser(
+        "forget", help="a takedown request: remove the records it names from every table "
+        "and refuse them from then on",
+        description="Remove every record the identifiers name from the curated, dedup, "
+        "rejects and manifest tables, purge their image bytes, and record the request in "
+        "the Delta takedowns table so that later runs refuse them (by key, URL and image "
+        "hash). A --file holds one `KIND VALUE` per line (KIND: sample-id, key, url, "
+        "image-sha256; # comments).",
+    )
+    p.add_argument("--sample-id", action="append", default=[], metavar="ID",
+                   help="a record's sample id (repeatable)")
+    p.add_argument("--key", action="append", default=[], metavar="SOURCE:KEY",
+                   help="a record's key in a source, e.g. photos:2024/a.jpg (repeatable)")
+    p.add_argument("--url", action="append", default=[],
+                   help="the image's URL or file URI (repeatable)")
+    p.add_argument("--image-sha256", action="append", default=[], metavar="HASH",
+                   help="sha256 of the image file, or of the stored JPEG (repeatable)")
+    p.add_argument("--file", default=None, help="more identifiers, one `KIND VALUE` a line")
+    p.add_argument("--by", required=True, help="who asked (recorded with the request)")
+    p.add_argument("--reason", required=True, help="why (recorded with the request)")
+    p.add_argument("--request-id", default=None,
+                   help="the request's id, e.g. a ticket number (default: the run id)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list what the request matches; change nothing")
+    p.set_defaults(func=_cmd_forget)
+
     for name in ("run", "curate", "export", "dedup", "caption", "latents", "features",
-                 "embed", "compact"):
+                 "embed", "compact", "forget"):
         sub.choices[name].add_argument(
             "--run-id", default=None,
             help="use this run id (e.g. the scheduler's) instead of a new one",
@@ -395,28 +459,54 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_versions)
 
     for sp in sub.choices.values():
-        # Accept --conf after the subcommand too: `lakeshard run --conf x.yaml`.
+        # Accept the global options after the subcommand too: `lakeshard run --conf x.yaml`.
         sp.add_argument("--conf", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        sp.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
+        sp.add_argument("--log-format", choices=("text", "json"), default=argparse.SUPPRESS,
+                        help=argparse.SUPPRESS)
     return parser
+
+
+def _fail(message: str, code: int) -> int:
+    """An error for people (or, with --log-format json, as a JSON line); the exit code."""
+    if console_mode().format == "json":
+        print(json.dumps({"event": "error", "message": message, "exit_code": code}),
+              file=sys.stderr, flush=True)
+    else:
+        print(message, file=sys.stderr, flush=True)
+    return code
+
+
+def _budget_message(exc: BudgetExceededError) -> str:
+    out = exc.outcome
+    lines = [f"lakeshard: run {out.run_id if out else '?'} FAILED: {exc}"]
+    if out is not None:
+        lines.append("Recorded as failed in the run ledger (`lakeshard runs --stages`)"
+                     + (f"; report: {out.report}" if out.report else "")
+                     + (f"; events: {out.events}" if out.events else ""))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        return args.func(args)
-    except ConfigError as exc:
-        print(f"lakeshard: config error: {exc}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, JarsMissingError) as exc:
-        print(f"lakeshard: {exc}", file=sys.stderr)
-        return 2
-    except RunLockedError as exc:
-        print(f"lakeshard: refused: {exc}", file=sys.stderr)
-        return 3
+    with console(args.log_format, args.verbose):
+        try:
+            return args.func(args)
+        except ConfigError as exc:
+            return _fail(f"lakeshard: config error: {exc}", 2)
+        except (FileNotFoundError, JarsMissingError) as exc:
+            return _fail(f"lakeshard: {exc}", 2)
+        except RunLockedError as exc:
+            return _fail(f"lakeshard: refused: {exc}", 3)
+        except BudgetExceededError as exc:
+            return _fail(_budget_message(exc), 4)
+        except Exception as exc:
+            if console_mode().format != "json":
+                raise  # a bug or an outage: the traceback, with where the run is recorded
+            import traceback
+
+            return _fail("".join(traceback.format_exception(exc)).rstrip(), 1)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ __all__ = [
     "TableMissingError",
     "JarsMissingError",
     "RunLockedError",
+    "BudgetExceededError",
 ]
 
 
@@ -25,3 +26,15 @@ class JarsMissingError(RuntimeError):
 
 class RunLockedError(RuntimeError):
     """Another run holds the lock of this storage root."""
+
+
+class BudgetExceededError(RuntimeError):
+    """A stage's failed rows exceeded a failure budget (``run.budgets``): the stage and
+    the run are recorded ``failed``. The message names the budget, the counts, example
+    errors and what to do; `outcome` is what the run did up to there."""
+
+    def __init__(self, message: str, *, stage: str, budget: str, outcome=None):
+        super().__init__(message)
+        self.stage = stage
+        self.budget = budget
+        self.outcome = outcome

@@ -1,13 +1,17 @@
 """The run report: ``<root>/reports/<run_id>/index.html`` and the same figures as PNG.
 
-What it shows: this run's accounting (seen / accepted / rejected / flagged per source)
-and stage timings; the corpus as the run left it -- rows per source and status, reject
-and filter reasons, resolution and aspect-ratio histograms, caption length per caption
-version (every ``caption*`` string column of the curated table), duplicate rates (same
-``image_sha256``, same ``dhash``, and any ``*dup*`` column a dedup stage added); and
-contact sheets of random kept images with their captions and of flagged images with
-their reasons. Counts come from Spark over the whole tables; histograms from up to
-``run.report_max_rows`` rows sampled by pylance; images are read only for the sheets.
+What it shows: whether the run failed, where and why (a stage over its failure budget);
+this run's accounting (seen / accepted / rejected / internal errors / flagged /
+removed per source) and stage timings; the corpus as the run left it -- rows per source
+and status (internal errors apart from rejects), reject and filter reasons, resolution and
+aspect-ratio histograms, caption length per caption version (every ``caption*`` string
+column of the curated table), duplicates as the Delta ``dedup`` table records them
+(clusters, exact and near duplicates and their rates per source, whether it covers the
+curated table's rows) with a contact sheet of the largest clusters, canonical member
+first; and contact sheets of random kept images with their captions and of flagged
+images with their reasons. Counts come from Spark over the whole tables; histograms
+from up to ``run.report_max_rows`` rows sampled by pylance; images are read only for
+the sheets.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import os
 import random
 import textwrap
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -28,12 +33,17 @@ from PIL import Image
 
 from etl import tables
 from etl.config import Config
+from udfs.outcomes import INTERNAL_ERROR
 
-__all__ = ["write_report", "caption_versions", "dedup_rates"]
+__all__ = ["write_report", "caption_versions", "dedup_summary", "DedupSummary"]
 
 _META = ["sample_id", "source", "width", "height", "aspect_ratio", "keep", "filter_reason",
          "image_sha256", "dhash"]
-_COLORS = {"kept": "#2e7d32", "flagged": "#f9a825", "rejected": "#c62828"}
+_COLORS = {"kept": "#2e7d32", "flagged": "#f9a825", "rejected": "#c62828",
+           "errors": "#6a1b9a"}
+# Clusters on the duplicates' contact sheet, and members shown per cluster.
+_SHEET_CLUSTERS = 6
+_SHEET_MEMBERS = 6
 
 
 def caption_versions(schema) -> list[str]:
@@ -44,22 +54,69 @@ def caption_versions(schema) -> list[str]:
             and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))]
 
 
-def dedup_rates(meta: pd.DataFrame) -> dict[str, float]:
-    """Share of rows that repeat an earlier row's image (exact) or dHash (near), and of
-    rows a dedup stage marked (boolean ``*dup*`` columns true, other ones non-null)."""
-    n = len(meta)
-    if not n:
-        return {}
-    rates = {
-        "exact (same image_sha256)": 1 - meta["image_sha256"].nunique() / n,
-        "near (same dhash)": 1 - meta["dhash"].nunique() / n,
-    }
-    for col in meta.columns:
-        if "dup" in col.lower():
-            s = meta[col]
-            rates[f"{col} (dedup stage)"] = float(s.astype(bool).mean() if s.dtype == bool
-                                                  else s.notna().mean())
-    return rates
+@dataclass(frozen=True)
+class DedupSummary:
+    """The Delta dedup table, summarised for the report."""
+
+    table_version: int | None  # Delta version read
+    covered_version: int | None  # curated version dedup last ran over
+    coverage: Any  # etl.tables.DedupCoverage at the curated table's current version
+    clusters: int  # clusters of 2+ rows
+    rows_in_clusters: int
+    # Per source: rows, canonical, exact, near, unique, exact_rate, near_rate.
+    per_source: list[dict] = field(default_factory=list)
+    # The largest clusters, each a list of members (canonical first): sample_id,
+    # source, dup_kind, cluster id and size.
+    sheet: list[list[dict]] = field(default_factory=list)
+
+
+def dedup_summary(spark, cfg: Config, curated_version: int | None) -> DedupSummary | None:
+    """Counts per source and kind, clusters, and the members of the largest clusters,
+    from the Delta dedup table; None when dedup never ran."""
+    from pyspark.sql import functions as F
+
+    table = tables.read_delta(spark, tables.layout(cfg).dedup)
+    if table is None:
+        return None
+    by_kind = table.groupBy("source", "dup_kind").count().collect()
+    counts: dict[str, dict[str, int]] = {}
+    for r in by_kind:
+        counts.setdefault(r["source"], {})[r["dup_kind"]] = r["count"]
+    order = [s.name for s in cfg.sources] + sorted(set(counts) - {s.name for s in cfg.sources})
+    per_source = []
+    for name in order:
+        c = counts.get(name, {})
+        rows = sum(c.values())
+        per_source.append({
+            "source": name, "rows": rows, "canonical": c.get("canonical", 0),
+            "exact": c.get("exact", 0), "near": c.get("near", 0), "unique": c.get("unique", 0),
+            "exact_rate": c.get("exact", 0) / rows if rows else 0.0,
+            "near_rate": c.get("near", 0) / rows if rows else 0.0,
+        })
+    grouped = table.where("cluster_size > 1")
+    clusters = grouped.select("dup_cluster_id", "cluster_size").distinct()
+    n_clusters = clusters.count()
+    largest = [r["dup_cluster_id"] for r in clusters.orderBy(
+        F.col("cluster_size").desc(), "dup_cluster_id").limit(_SHEET_CLUSTERS).collect()]
+    members = (grouped.where(F.col("dup_cluster_id").isin(largest))
+               .select("dup_cluster_id", "sample_id", "source", "dup_kind", "is_canonical",
+                       "cluster_size").collect()) if largest else []
+    sheet = []
+    for cid in largest:
+        mine = sorted((m.asDict() for m in members if m["dup_cluster_id"] == cid),
+                      key=lambda m: (not m["is_canonical"], m["dup_kind"], m["sample_id"]))
+        sheet.append(mine[:_SHEET_MEMBERS])
+    state = tables.dedup_state(spark, cfg) or {}
+    covered = state.get(tables.DEDUP_CURATED_VERSION)
+    coverage = (tables.dedup_coverage(spark, cfg, curated_version)
+                if curated_version is not None else None)
+    return DedupSummary(
+        table_version=tables.delta_version(spark, tables.layout(cfg).dedup),
+        covered_version=int(covered) if covered is not None else None,
+        coverage=coverage, clusters=n_clusters,
+        rows_in_clusters=sum(int(r["cluster_size"]) for r in clusters.collect()),
+        per_source=per_source, sheet=sheet,
+    )
 
 
 def _save(fig: Figure, out_dir: str, name: str) -> str:
@@ -72,7 +129,7 @@ def _bar_counts(status: pd.DataFrame, out_dir: str) -> str:
     ax = fig.add_subplot()
     sources = list(status.index)
     left = np.zeros(len(sources))
-    for col in ("kept", "flagged", "rejected"):
+    for col in ("kept", "flagged", "rejected", "errors"):
         vals = status[col].to_numpy() if col in status else np.zeros(len(sources))
         ax.barh(sources, vals, left=left, color=_COLORS[col], label=col)
         left += vals
@@ -87,14 +144,14 @@ def _bar_reasons(reasons: pd.DataFrame, out_dir: str) -> str:
     ax = fig.add_subplot()
     if len(reasons):
         labels = [f"{r.kind}: {r.reason}" for r in reasons.itertuples()]
-        colors = [_COLORS["rejected" if r.kind == "rejected" else "flagged"]
+        colors = [_COLORS[{"rejected": "rejected", "error": "errors"}.get(r.kind, "flagged")]
                   for r in reasons.itertuples()]
         ax.barh(labels, reasons["count"], color=colors)
         ax.invert_yaxis()
     else:
         ax.text(0.5, 0.5, "no rejected or flagged records", ha="center", va="center")
     ax.set_xlabel("records")
-    ax.set_title("Reject reasons (red) and filter reasons (amber)")
+    ax.set_title("Reject reasons (red), internal errors (purple), filter reasons (amber)")
     return _save(fig, out_dir, "reasons.png")
 
 
@@ -145,15 +202,24 @@ def _hist_captions(meta: pd.DataFrame, versions: list[str], out_dir: str) -> str
     return _save(fig, out_dir, "captions.png")
 
 
-def _bar_dedup(rates: dict[str, float], out_dir: str) -> str:
-    fig = Figure(figsize=(7, 0.45 * max(len(rates), 2) + 1))
+def _bar_dedup(dedup: DedupSummary | None, out_dir: str) -> str:
+    rows = [r for r in (dedup.per_source if dedup else []) if r["rows"]]
+    fig = Figure(figsize=(7, 0.45 * max(len(rows), 2) + 1.2))
     ax = fig.add_subplot()
-    if rates:
-        ax.barh(list(rates), [100 * v for v in rates.values()], color="#5d4037")
+    if rows:
+        names = [r["source"] for r in rows]
+        exact = np.array([100 * r["exact_rate"] for r in rows])
+        near = np.array([100 * r["near_rate"] for r in rows])
+        ax.barh(names, exact, color="#5d4037", label="exact (same bytes as canonical)")
+        ax.barh(names, near, left=exact, color="#bcaaa4", label="near (similar dHash)")
         ax.invert_yaxis()
-        ax.set_xlim(0, max(5, 100 * max(rates.values()) * 1.2))
-    ax.set_xlabel("% of rows")
-    ax.set_title("Duplicate rates")
+        ax.set_xlim(0, max(5.0, float((exact + near).max()) * 1.2))
+        ax.legend(loc="lower right", fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "dedup has not run" if dedup is None else "no rows",
+                ha="center", va="center")
+    ax.set_xlabel("% of the source's rows left out of exports as duplicates")
+    ax.set_title("Duplicates per source (Delta dedup table)")
     return _save(fig, out_dir, "dedup.png")
 
 
@@ -217,6 +283,64 @@ def _contact_items(ds, meta: pd.DataFrame, caption_col: str | None, n: int, seed
     return items
 
 
+def _cluster_items(ds, dedup: DedupSummary | None, thumbs_dir: str) -> list[list[dict]]:
+    """The duplicates' contact sheet: per cluster of :attr:`DedupSummary.sheet`, its
+    members' thumbnails, canonical first, labelled with their kind and source."""
+    wanted = [m["sample_id"] for cluster in (dedup.sheet if dedup else []) for m in cluster]
+    if ds is None or not wanted:
+        return []
+    ids = ", ".join("'" + sid.replace("'", "''") + "'" for sid in wanted)
+    rows = {r["sample_id"]: r for r in ds.to_table(
+        columns=["sample_id", "image", "width", "height"],
+        filter=f"sample_id IN ({ids})").to_pylist()}
+    out = []
+    for cluster in dedup.sheet:
+        items = []
+        for m in cluster:
+            r = rows.get(m["sample_id"])
+            if r is None:  # no longer in the curated table (dedup not rerun since)
+                continue
+            im = _thumb(r["image"])
+            im.save(os.path.join(thumbs_dir, f"{m['sample_id']}.jpg"), "JPEG", quality=85)
+            items.append({"sample_id": m["sample_id"], "source": m["source"],
+                          "kind": m["dup_kind"], "cluster": m["dup_cluster_id"],
+                          "size": m["cluster_size"], "thumb": im,
+                          "file": f"thumbs/{m['sample_id']}.jpg",
+                          "label": f"{m['dup_kind']} {r['width']}x{r['height']}"})
+        if items:
+            out.append(items)
+    return out
+
+
+def _clusters_png(clusters: list[list[dict]], out_dir: str) -> str:
+    cols = max((len(c) for c in clusters), default=1)
+    fig = Figure(figsize=(cols * 2.2, max(1, len(clusters)) * 2.7))
+    fig.suptitle("Duplicate clusters, one per row: canonical member (exported) first")
+    axes = fig.subplots(max(1, len(clusters)), cols, squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for row, cluster in zip(axes, clusters, strict=False):
+        for ax, item in zip(row, cluster, strict=False):
+            ax.imshow(np.asarray(item["thumb"]))
+            ax.set_title(f"{item['kind']}\n{item['source']}", fontsize=7,
+                         color="#2e7d32" if item["kind"] == "canonical" else "#5d4037")
+    if not clusters:
+        axes[0, 0].text(0, 0.5, "no duplicate clusters", fontsize=12)
+    return _save(fig, out_dir, "contact_duplicates.png")
+
+
+def _clusters_html(clusters: list[list[dict]]) -> str:
+    if not clusters:
+        return "<p>no duplicate clusters</p>"
+    parts = []
+    for cluster in clusters:
+        head = cluster[0]
+        parts.append(f"<p class='meta'>cluster {html.escape(head['cluster'])}: "
+                     f"{head['size']} rows</p>")
+        parts.append(_sheet_html([{**it, "label": it["label"]} for it in cluster]))
+    return "".join(parts)
+
+
 def _table(df: pd.DataFrame) -> str:
     return df.to_html(index=False, border=0, classes="t", escape=True)
 
@@ -244,6 +368,8 @@ img.fig{max-width:100%;border:1px solid #eee;margin:6px 0}
 .sheet img{width:100%;height:180px;object-fit:contain;background:#fff}
 .sheet figcaption{font-size:12px;line-height:1.3;max-height:4em;overflow:hidden}
 .meta{color:#555;font-size:13px}
+.failed{background:#fdecea;border:1px solid #c62828;padding:8px 12px;white-space:pre-wrap}
+.warn{background:#fff8e1;border:1px solid #f9a825;padding:6px 12px}
 """
 
 
@@ -283,16 +409,21 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
     if DeltaTable.isDeltaTable(spark, rejects_path):
         rej = (spark.read.format("delta").load(rejects_path)
                .groupBy("source", "reason").agg(F.count("*").alias("count")).toPandas())
-        status = status.join(rej.groupby("source")["count"].sum().rename("rejected"),
-                             how="outer")
+        internal = rej["reason"] == INTERNAL_ERROR
+        status = status.join(
+            rej[~internal].groupby("source")["count"].sum().rename("rejected"), how="outer"
+        ).join(rej[internal].groupby("source")["count"].sum().rename("errors"), how="outer")
         rr = rej.groupby("reason")["count"].sum().reset_index()
-        reasons = pd.concat([pd.DataFrame({"kind": "rejected", "reason": rr["reason"],
+        kind = np.where(rr["reason"] == INTERNAL_ERROR, "error", "rejected")
+        reasons = pd.concat([pd.DataFrame({"kind": kind, "reason": rr["reason"],
                                            "count": rr["count"]}), reasons])
-    for col in ("kept", "flagged", "rejected"):
+    for col in ("kept", "flagged", "rejected", "errors"):
         status[col] = status[col].fillna(0).astype(int) if col in status else 0
     status = status.sort_index()
-    status["total"] = status[["kept", "flagged", "rejected"]].sum(axis=1)
-    reasons = reasons.sort_values(["kind", "count"], ascending=[False, False])
+    status["total"] = status[["kept", "flagged", "rejected", "errors"]].sum(axis=1)
+    reasons["kind"] = pd.Categorical(reasons["kind"], ["error", "rejected", "flagged"])
+    reasons = reasons.sort_values(["kind", "count"], ascending=[True, False])
+    reasons["kind"] = reasons["kind"].astype(str)
 
     # Per-row figures from (a sample of) the metadata columns: never the image bytes.
     versions: list[str] = []
@@ -300,22 +431,21 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
     sampled = False
     if ds is not None:
         versions = caption_versions(ds.schema)
-        dup_cols = [f.name for f in ds.schema if "dup" in f.name.lower()]
-        cols = _META + versions + dup_cols
+        cols = _META + versions
         n_rows = ds.count_rows()
         if n_rows > cfg.run.report_max_rows:
             meta = ds.sample(cfg.run.report_max_rows, columns=cols).to_pandas()
             sampled = True
         else:
             meta = ds.to_table(columns=cols).to_pandas()
-    rates = dedup_rates(meta)
+    dedup = dedup_summary(spark, cfg, ds.version if ds is not None else None)
     figures = {
         "counts": _bar_counts(status, out_dir),
         "reasons": _bar_reasons(reasons, out_dir),
         "resolution": _hist_resolution(meta, out_dir),
         "aspect": _hist_aspect(meta, out_dir),
         "captions": _hist_captions(meta, versions, out_dir),
-        "dedup": _bar_dedup(rates, out_dir),
+        "dedup": _bar_dedup(dedup, out_dir),
         "timings": _bar_timings(dict(outcome.seconds) or {"(none)": 0.0}, out_dir),
     }
     caption_col = versions[-1] if versions else None
@@ -328,17 +458,23 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
                                          "contact_kept.png")
     figures["contact_flagged"] = _sheet_png(flagged_items, "Flagged images and reasons",
                                             out_dir, "contact_flagged.png")
+    cluster_items = _cluster_items(ds, dedup, thumbs_dir)
+    figures["contact_duplicates"] = _clusters_png(cluster_items, out_dir)
 
     # This run's accounting and stages.
     run_rows = []
     if outcome.detail("curate") is not None:
         for c in outcome.detail("curate").counts:
             run_rows.append({"source": c.source, "seen": c.seen, "accepted": c.accepted,
-                             "rejected": c.rejected, "flagged": sum(c.filtered.values()),
+                             "rejected": c.rejected, "errors": c.internal_errors,
+                             "flagged": sum(c.filtered.values()),
+                             "removed": sum(c.removed.values()),
                              "reasons": ", ".join(f"{k}={v}" for k, v in
-                                                  {**c.reasons, **c.filtered}.items())})
+                                                  {**c.reasons, **c.filtered,
+                                                   **c.removed}.items())})
     stage_rows = [
-        {"stage": name, "seconds": round(outcome.seconds.get(name, 0.0), 1),
+        {"stage": name, "status": "failed" if name == outcome.failed_stage else "ok",
+         "seconds": round(outcome.seconds.get(name, 0.0), 1),
          "note": (res.note or ""),
          "outputs": ", ".join(f"{k}={v}" for k, v in res.outputs.items()
                               if ":" not in k),
@@ -361,10 +497,51 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
 
     sample_note = (f" (histograms from a random sample of {len(meta):,} rows)" if sampled
                    else "")
+    failed = ""
+    if getattr(outcome, "failed_stage", None):
+        failed = (f"<div class='failed'><b>This run FAILED in stage "
+                  f"{html.escape(outcome.failed_stage)}.</b>\n"
+                  f"{html.escape(outcome.failure or '')}</div>")
+    dedup_json = None
+    if dedup is None:
+        dedup_part = ["<p>dedup has not run (<code>lakeshard dedup</code>; in "
+                      "<code>lakeshard run</code> when <code>dedup.enabled</code>).</p>",
+                      fig("dedup", "duplicate rates per source")]
+    else:
+        cov = dedup.coverage
+        per_source = pd.DataFrame([
+            {**{k: r[k] for k in ("source", "rows", "canonical", "exact", "near")},
+             "exact rate %": round(100 * r["exact_rate"], 2),
+             "near rate %": round(100 * r["near_rate"], 2)}
+            for r in dedup.per_source])
+        dedup_part = [
+            f"<p class='meta'>{html.escape(paths.dedup)} version {dedup.table_version}, over "
+            f"curated version {dedup.covered_version}: {dedup.clusters} cluster(s) of 2+ rows "
+            f"holding {dedup.rows_in_clusters} rows. Exports keep each cluster's canonical "
+            "member and leave out its exact duplicates (same bytes) and near duplicates "
+            "(dHashes within dedup.threshold bits).</p>",
+        ]
+        if cov is not None and cov.stale:
+            dedup_part.append(
+                f"<p class='warn'>The curated table (version {cov.curated_version}) has "
+                f"{cov.uncovered} row(s) added or changed since dedup ran and "
+                f"{cov.removed} removed: run <code>lakeshard dedup</code>.</p>")
+        dedup_part += [_table(per_source), fig("dedup", "duplicate rates per source"),
+                       f"<h3>The {len(cluster_items)} largest clusters, canonical member "
+                       "first</h3>", _clusters_html(cluster_items)]
+        dedup_json = {
+            "table_version": dedup.table_version, "covered_version": dedup.covered_version,
+            "uncovered": cov.uncovered if cov else None,
+            "removed": cov.removed if cov else None,
+            "clusters": dedup.clusters, "rows_in_clusters": dedup.rows_in_clusters,
+            "per_source": dedup.per_source,
+            "contact_clusters": [[it["sample_id"] for it in c] for c in cluster_items],
+        }
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
         f"<title>lakeshard run {html.escape(run_id)}</title><style>{_CSS}</style></head><body>",
         f"<h1>lakeshard run {html.escape(run_id)}</h1>",
+        failed,
         f"<p class='meta'>stages: {html.escape(', '.join(outcome.stages))} &middot; "
         f"curated table: {html.escape(curated_path)}"
         + (f" version {ds.version}, {ds.count_rows():,} rows" if ds is not None else "")
@@ -383,10 +560,8 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
         "<h2>Captions</h2>",
         _table(pd.DataFrame(caption_rows)) if caption_rows else "<p>no caption columns</p>",
         fig("captions", "caption lengths"),
-        "<h2>Duplicates</h2>",
-        _table(pd.DataFrame([{"kind": k, "% of rows": round(100 * v, 2)}
-                             for k, v in rates.items()])) if rates else "",
-        fig("dedup", "duplicate rates"),
+        "<h2>Duplicates (Delta dedup table)</h2>",
+        *dedup_part,
         f"<h2>Random kept images ({len(kept_items)}) with their "
         f"{html.escape(caption_col or 'captions')}</h2>",
         _sheet_html(kept_items),
@@ -401,7 +576,9 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
         json.dump({
             "run_id": run_id, "figures": figures,
             "status": status.reset_index(names="source").to_dict("records"),
-            "reasons": reasons.to_dict("records"), "dedup_rates": rates,
+            "status_of_run": getattr(outcome, "status", "ok"),
+            "failed_stage": getattr(outcome, "failed_stage", None),
+            "reasons": reasons.to_dict("records"), "dedup": dedup_json,
             "captions": caption_rows, "seconds": outcome.seconds,
             "contact_kept": [it["sample_id"] for it in kept_items],
             "contact_flagged": [it["sample_id"] for it in flagged_items],

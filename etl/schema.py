@@ -5,6 +5,8 @@ Everything else imports these definitions; nothing re-declares a column list.
 
 from __future__ import annotations
 
+import hashlib
+
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -25,7 +27,12 @@ __all__ = [
     "SOURCE_COLUMNS",
     "MANIFEST_SCHEMA",
     "ACCOUNTING_SCHEMA",
+    "REMOVED",
+    "REMOVAL_REASONS",
+    "TAKEDOWN_KINDS",
+    "TAKEDOWNS_SCHEMA",
     "sample_id_col",
+    "sample_id_of",
 ]
 
 # The separator between source name and source key when hashing the sample id. A
@@ -169,8 +176,13 @@ SOURCE_SCHEMA = T.StructType(
 )
 SOURCE_COLUMNS = tuple(SOURCE_SCHEMA.fieldNames())
 
+# A record that left: the manifest's status, and why (the `reason` of the row).
+# `source_removed`: its source no longer lists it; `taken_down`: `lakeshard forget`.
+REMOVED = "removed"
+REMOVAL_REASONS = ("source_removed", "taken_down")
+
 # The bronze manifest (Delta, `<root>/delta/manifest`): one row per source record ever ingested,
-# accepted or rejected, MERGEd on sample_id. It references the image (source_uri /
+# accepted, rejected or removed, MERGEd on sample_id. It references the image (source_uri /
 # image_ref) instead of copying it; the prepared JPEG lives in the curated table.
 MANIFEST_SCHEMA = T.StructType(
     _RECORD_FIELDS
@@ -179,16 +191,23 @@ MANIFEST_SCHEMA = T.StructType(
     + _IMAGE_REF_FIELDS
     + [
         T.StructField("fingerprint", T.StringType(), True),
-        T.StructField("status", T.StringType(), False),  # accepted | rejected
-        T.StructField("stage", T.StringType(), True),  # where a reject happened
+        T.StructField("status", T.StringType(), False),  # accepted | rejected | removed
+        # Where a reject happened; for a removed record, the table it left (curated for
+        # a record that had been accepted, rejects for one that had been rejected).
+        T.StructField("stage", T.StringType(), True),
         T.StructField("reason", T.StringType(), True),
         T.StructField("run_id", T.StringType(), False),
         T.StructField("ingested_at", T.TimestampType(), False),
+        # sha256 of the source's image bytes as fetched (before prepare): what a takedown
+        # by image hash also matches. Null for records read before lakeshard kept it.
+        T.StructField("original_sha256", T.StringType(), True),
+        T.StructField("removed_at", T.TimestampType(), True),
     ]
 )
 
 # The Delta `accounting` table: per run and source, how many records ended where.
-# status: accepted | rejected | unchanged (already in the manifest, not reprocessed).
+# status: accepted | rejected | unchanged (already in the manifest, not reprocessed) |
+# removed (left every table this run: stage = the table it left, reason = why).
 ACCOUNTING_SCHEMA = T.StructType(
     [
         T.StructField("run_id", T.StringType(), False),
@@ -203,7 +222,43 @@ ACCOUNTING_SCHEMA = T.StructType(
 )
 
 
+# The Delta `takedowns` table: one row per identifier of a takedown request, given or
+# found. `origin = given`: as the request named it (kind `key` is SOURCE:KEY, its
+# `sample_id` set); `origin = matched`: each identifier of a record the request matched
+# (its sample id, its URL when the image is addressed on its own, its image hashes), so
+# the same bytes under another name or URL are refused too. Request fields (who, when,
+# why, applied, purge) repeat on every row of the request.
+TAKEDOWN_KINDS = ("sample_id", "key", "url", "image_sha256")
+TAKEDOWNS_SCHEMA = T.StructType(
+    [
+        T.StructField("request_id", T.StringType(), False),
+        T.StructField("requested_at", T.TimestampType(), False),
+        T.StructField("requested_by", T.StringType(), True),
+        T.StructField("request_reason", T.StringType(), True),
+        T.StructField("kind", T.StringType(), False),
+        T.StructField("value", T.StringType(), False),
+        T.StructField("origin", T.StringType(), False),  # given | matched
+        T.StructField("sample_id", T.StringType(), True),
+        T.StructField("source", T.StringType(), True),
+        T.StructField("run_id", T.StringType(), False),
+        # When its records had left every table (null: a run died before that).
+        T.StructField("applied_at", T.TimestampType(), True),
+        # The first curated version without the removed rows' bytes, and the time from
+        # which the versions before it are deleted; when that was done.
+        T.StructField("purge_version", T.LongType(), True),
+        T.StructField("purge_after", T.TimestampType(), True),
+        T.StructField("purged_at", T.TimestampType(), True),
+    ]
+)
+
+
 def sample_id_col(source: Column, source_key: Column) -> Column:
     """Stable id: the first 32 hex digits of sha256(source + US + source_key)."""
     joined = F.concat(source, F.lit(SAMPLE_ID_SEPARATOR), source_key)
     return F.substring(F.sha2(joined, 256), 1, 32)
+
+
+def sample_id_of(source: str, source_key: str) -> str:
+    """:func:`sample_id_col` in Python, for ids named on the driver (a takedown by key)."""
+    joined = f"{source}{SAMPLE_ID_SEPARATOR}{source_key}".encode()
+    return hashlib.sha256(joined).hexdigest()[:32]

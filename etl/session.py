@@ -128,7 +128,9 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.python.worker.reuse": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",
-        "spark.ui.showConsoleProgress": "true",
+        # Spark's console progress bar, only when lakeshard prints no progress of its
+        # own: the two interleave on one terminal line.
+        "spark.ui.showConsoleProgress": "false" if cfg.run.progress_interval_s else "true",
     }
     if cfg.spark.master.startswith("local"):
         # Delta replays its log into 50 partitions by default: 50 tasks on every read

@@ -9,6 +9,7 @@ to open it (or fail saying which command creates it).
     <root>/delta/accounting                  per run and source: records by outcome
     <root>/delta/dedup                       duplicate clusters of the curated rows
     <root>/delta/runs                        the run ledger (append-only events)
+    <root>/delta/takedowns                   takedown requests and what they matched
     <root>/mds/<export>/                     MDS exports
     <root>/reports/<run_id>/                 run reports
     <root>/_lock/run.lock                    the run lock (a file, or an S3 object)
@@ -20,8 +21,8 @@ process's S3 clients at the root's store; every helper here that hands out a pat
 a root calls it first.
 
 The dedup table's state (the settings and curated version it covers, in its Delta
-properties) and the set of rows exports leave out are here too: curate, export, the
-report and the SQL views all read them.
+properties), whether it still covers the curated table's rows, and the set of rows
+exports leave out are here too: curate, export, the report and the SQL views read them.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ __all__ = [
     "ACCOUNTING",
     "DEDUP",
     "RUNS",
+    "TAKEDOWNS",
     "DEDUP_PARAMS",
     "DEDUP_CURATED_VERSION",
     "Layout",
@@ -60,6 +62,8 @@ __all__ = [
     "read_runs",
     "dedup_state",
     "dedup_params",
+    "DedupCoverage",
+    "dedup_coverage",
     "non_canonical_ids",
 ]
 
@@ -71,6 +75,7 @@ REJECTS = "rejects"
 ACCOUNTING = "accounting"
 DEDUP = "dedup"
 RUNS = "runs"
+TAKEDOWNS = "takedowns"
 
 # Delta table properties of the dedup table: the settings it was computed with, and
 # the curated table version it covers.
@@ -173,6 +178,10 @@ class Layout:
     @property
     def runs(self) -> str:
         return self.delta_table(RUNS)
+
+    @property
+    def takedowns(self) -> str:
+        return self.delta_table(TAKEDOWNS)
 
 
 def layout(cfg: Config) -> Layout:
@@ -352,18 +361,85 @@ def dedup_params(cfg: Config) -> str:
                       sort_keys=True)
 
 
-def non_canonical_ids(spark, cfg: Config, curated_version: int):
-    """``sample_id`` of the rows exports leave out (non-canonical duplicates), or None
-    when dedup never ran."""
-    path = layout(cfg).dedup
+@dataclass(frozen=True)
+class DedupCoverage:
+    """How the dedup table covers the curated table at one version."""
+
+    dedup_version: int  # the curated version dedup last ran over
+    curated_version: int
+    uncovered: int  # curated rows added, or whose image changed, since: not deduplicated
+    removed: int  # rows dedup has that the curated table no longer has
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.uncovered or self.removed)
+
+
+def _row_layout(ds) -> set[tuple[int, int, int]]:
+    """Which rows a Lance version holds, as its fragments' (id, physical rows, deleted
+    rows): appends and deletes change it, new or rewritten columns do not."""
+    return {
+        (f.fragment_id, f.metadata.physical_rows,
+         f.metadata.deletion_file.num_deleted_rows if f.metadata.deletion_file else 0)
+        for f in ds.get_fragments()
+    }
+
+
+def dedup_coverage(spark, cfg: Config, curated_version: int) -> DedupCoverage | None:
+    """Whether the dedup table still covers the curated table's rows at
+    `curated_version`; None when dedup never ran.
+
+    Compared as rows, not version numbers: a version that only added or rewrote columns
+    (captions, features, latents, embeddings) holds the same rows, which the fragments'
+    row counts show without a Spark job. Otherwise -- rows appended or deleted, the
+    fragments compacted, or the version dedup covered cleaned up -- one Spark job
+    compares ``(sample_id, image_sha256)`` of both tables."""
+    import lance
+    from pyspark.sql import functions as F
+
     state = dedup_state(spark, cfg)
     if state is None:
+        return None
+    covered = int(state.get(DEDUP_CURATED_VERSION, -1))
+    path = layout(cfg).curated
+    if covered == curated_version:
+        return DedupCoverage(covered, curated_version, 0, 0)
+    try:
+        same_rows = _row_layout(lance.dataset(path, version=covered)) == _row_layout(
+            lance.dataset(path, version=curated_version))
+    except (ValueError, OSError):  # that version was cleaned up: compare the rows
+        same_rows = False
+    if same_rows:
+        return DedupCoverage(covered, curated_version, 0, 0)
+    curated = (spark.read.format("lance").option("version", str(curated_version))
+               .option("columns", "sample_id,image_sha256").load(path)
+               .select("sample_id", F.col("image_sha256").alias("_now")))
+    known = (spark.read.format("delta").load(layout(cfg).dedup)
+             .select("sample_id", F.col("image_sha256").alias("_then")))
+    both = curated.join(known, "sample_id", "full_outer")
+    counts = both.agg(
+        F.sum((F.col("_now").isNotNull() & ~F.col("_now").eqNullSafe(F.col("_then")))
+              .cast("long")).alias("uncovered"),
+        F.sum(F.col("_now").isNull().cast("long")).alias("removed"),
+    ).first()
+    return DedupCoverage(covered, curated_version, int(counts["uncovered"] or 0),
+                         int(counts["removed"] or 0))
+
+
+def non_canonical_ids(spark, cfg: Config, curated_version: int):
+    """``sample_id`` of the rows exports leave out (non-canonical duplicates), or None
+    when dedup never ran. Warns when rows were added, changed or removed since dedup
+    last ran (not when a later version only added columns)."""
+    path = layout(cfg).dedup
+    coverage = dedup_coverage(spark, cfg, curated_version)
+    if coverage is None:
         log.warning("no dedup table at %s: exporting without dedup", path)
         return None
-    if state.get(DEDUP_CURATED_VERSION) != str(curated_version):
+    if coverage.stale:
         log.warning(
-            "dedup covers curated version %s, the table is at %s: rows added since are "
-            "exported unchecked (run `lakeshard dedup`)",
-            state.get(DEDUP_CURATED_VERSION), curated_version,
+            "dedup covers curated version %s; at version %s, %d row(s) were added or "
+            "changed since (exported without dedup) and %d removed (their clusters may "
+            "lose their canonical member): run `lakeshard dedup`",
+            coverage.dedup_version, curated_version, coverage.uncovered, coverage.removed,
         )
     return spark.read.format("delta").load(path).where("NOT is_canonical").select("sample_id")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -84,6 +85,27 @@ def test_run_prints_the_per_source_table_and_outputs(tmp_path):
     seen, accepted, rejected = (int(x) for x in line.split()[1:4])
     assert seen == accepted + rejected and accepted == 7 and rejected == 3
     assert (tmp_path / "data" / "mds" / "default" / "index.json").exists()
+    # The console is for people: stage lines and the summary, no JSON events; the run's
+    # events.jsonl holds them all.
+    assert "lakeshard.events" not in res.stderr and '{"event"' not in res.stderr
+    assert "[lakeshard] curate: started" in res.stderr
+    assert "[lakeshard] export: done in" in res.stderr
+    (run_id,) = re.findall(r"^lakeshard run (\S+)$", out, re.M)
+    events_file = tmp_path / "data" / "reports" / run_id / "events.jsonl"
+    events = [json.loads(ln) for ln in events_file.read_text().splitlines()]
+    names = [e["event"] for e in events]
+    assert names[0] == "run_start" and names[-1] == "run_end"
+    for stage in ("curate", "dedup", "caption", "export"):
+        assert ("stage_start", stage) in [(e["event"], e.get("stage")) for e in events]
+        assert ("stage_end", stage) in [(e["event"], e.get("stage")) for e in events]
+
+    # Again, nothing new: nothing to warn about (dedup covers every row).
+    res = _lakeshard("run", "--conf", str(_write_conf(tmp_path)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "dedup covers" not in res.stderr, res.stderr
+    # No warning of lakeshard's own (the JVM's start-up lines come before any setting).
+    assert not re.search(r"^WARNING (etl|udfs|lakeshard)", res.stderr, re.M), res.stderr
+    assert "[lakeshard] dedup: done in" in res.stderr
 
     res = _lakeshard("verify-export", "--conf", str(_write_conf(tmp_path)), "default")
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]

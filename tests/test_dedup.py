@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 from datetime import datetime
 from importlib import resources
@@ -285,6 +286,24 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     d = out.detail("dedup")
     assert (d.counts[0].rows, d.counts[0].exact, d.counts[0].near, d.clusters) == (4, 1, 1, 1)
     assert "exact rate" in format_outcome(out)
+    # The report's duplicates come from the dedup table: per source, clusters, and a
+    # contact sheet of the cluster, canonical member first.
+    report_dir = os.path.dirname(out.report)
+    rep = json.load(open(os.path.join(report_dir, "report.json")))["dedup"]
+    (photos_row,) = rep["per_source"]
+    assert {k: photos_row[k] for k in ("source", "rows", "canonical", "exact", "near",
+                                       "unique")} == {
+        "source": "photos", "rows": 4, "canonical": 1, "exact": 1, "near": 1, "unique": 1}
+    assert (photos_row["exact_rate"], photos_row["near_rate"]) == (0.25, 0.25)
+    assert (rep["clusters"], rep["rows_in_clusters"], rep["uncovered"]) == (1, 3, 0)
+    (sheet,) = rep["contact_clusters"]
+    assert sheet[0] == first and sorted(sheet) == sorted(
+        ids[k] for k in ("orig/astronaut.png", "copies/astronaut_copy.png",
+                         "copies/astronaut_small.jpg"))
+    assert os.path.getsize(os.path.join(report_dir, "contact_duplicates.png")) > 0
+    page = open(out.report, encoding="utf-8").read()
+    assert "largest clusters, canonical member first" in page
+    assert "added or changed since dedup ran" not in page
     assert _exported_ids(tables.layout(cfg).export_dir("train")) == sorted(
         [first, ids["other/coffee.png"]])
     assert len(_exported_ids(tables.layout(cfg).export_dir("everything"))) == 4

@@ -64,7 +64,7 @@ def finished_run(spark, tmp_path_factory):
     return cfg, out, events
 
 
-def test_report_figures_match_the_sample_definitions(finished_run):
+def test_report_figures_match_the_sample_definitions(spark, finished_run):
     cfg, out, _ = finished_run
     report_dir = os.path.dirname(out.report)
     assert out.report == os.path.join(tables.layout(cfg).reports_dir, out.run_id, "index.html")
@@ -85,7 +85,18 @@ def test_report_figures_match_the_sample_definitions(finished_run):
         FOLDER_FLAGGED) + len(TABLE_PHOTOS)
     (captions,) = data["captions"]
     assert captions["version"] == "caption_original" and captions["captions"] == n_captioned
-    assert data["dedup_rates"]["exact (same image_sha256)"] == 0.0
+    # Duplicates: what the Delta dedup table holds, per source and kind.
+    kinds = {}
+    for r in spark.read.format("delta").load(tables.layout(cfg).dedup).collect():
+        kinds.setdefault(r["source"], []).append(r["dup_kind"])
+    per_source = {r["source"]: r for r in data["dedup"]["per_source"]}
+    assert set(per_source) == {"photos", "alt"}
+    for source, got in per_source.items():
+        mine = kinds.get(source, [])
+        assert got["rows"] == len(mine) == status[source]["kept"] + status[source]["flagged"]
+        for kind in ("canonical", "exact", "near", "unique"):
+            assert got[kind] == mine.count(kind), (source, kind)
+    assert data["dedup"]["uncovered"] == 0  # nothing added after dedup ran
     # The report times itself after; caption has no versions configured here.
     assert set(data["seconds"]) == {"curate", "dedup", "caption", "export"}
     assert set(out.seconds) == {"curate", "dedup", "caption", "export", "report"}

@@ -140,6 +140,9 @@ def caption_mapper(
         import lance
         from pyspark import TaskContext
 
+        from udfs.console import show_once
+
+        show_once("transformers")  # its notices once per executor, not once per worker
         ctx = TaskContext.get()
         task = ctx.taskAttemptId() if ctx is not None else -1
         host = socket.gethostname()

@@ -9,7 +9,9 @@ object-store schemes the source lists in ``url_schemes``, and local paths or
 ``file://`` only with ``allow_local: true``. Everything else is ``bad_scheme``.
 
 Every fetch ends with a status from a small closed set instead of an exception:
-:data:`FETCH_STATUSES` plus ``http_<code>`` (404, 503, ...).
+:data:`FETCH_STATUSES` plus ``http_<code>`` (404, 503, ...). An unexpected exception in
+the fetch code itself is ``internal_error`` (:mod:`udfs.outcomes`): not the reference's
+fault, so it is counted apart, budgeted and retried by the next run.
 
 HTTP(S) is fetched by :mod:`udfs.fetch_http`: the address policy checked on the
 address connected to (every redirect hop too), a deadline per request, header and
@@ -34,6 +36,7 @@ from pyspark.sql.functions import pandas_udf
 
 from etl.config import FetchConfig, SourceConfig
 from udfs.fetch_http import FetchResult, RefRules, classify_error, fetch_once
+from udfs.outcomes import INTERNAL_ERROR, internal_detail
 
 __all__ = [
     "FetchResult",
@@ -51,6 +54,8 @@ __all__ = [
 FETCH_STATUSES = (
     "ok", "timeout", "too_large", "dns", "connection", "too_many_redirects",
     "missing_file", "truncated", "bad_url", "error",
+    # An unexpected exception in the fetch code itself, not the reference's fault.
+    INTERNAL_ERROR,
     # URLs strangers wrote: refused before any request, or by the site's own signal.
     "blocked_address", "bad_scheme", "opted_out",
     # Hostile or broken servers.
@@ -184,8 +189,8 @@ def fetch_ref(
         if "::" in ref:  # an fsspec chain ("simplecache::s3://..."): not one object store
             return FetchResult(None, "bad_scheme", "a chained fsspec URL", 0)
         return _fsspec(ref, opts, rng)
-    except Exception as exc:  # noqa: BLE001 - a bug here must not fail the task
-        return FetchResult(None, "error", f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - counted apart and budgeted, not "bad URL"
+        return FetchResult(None, INTERNAL_ERROR, internal_detail(exc))
 
 
 def fetch_many(

@@ -6,6 +6,15 @@ empty, oversized, bomb-sized, truncated or non-image input returns ``status =
 ``"ok"``; light quality filters (too small, extreme aspect ratio) only set ``keep =
 False`` and a ``filter_reason`` -- nothing is deleted for a quality opinion.
 
+Bad data and our own failures are kept apart. An exception is a data failure only when
+Pillow raised it reading the bytes (one of :data:`PILLOW_DATA_ERRORS`, raised inside
+Pillow's code). Anything else -- an exception raised in this module, numpy, a broken library
+upgrade -- propagates out of :func:`prepare_image`; the batch loop turns it into
+``status = "error"``, ``reason = "internal_error"`` with the exception's type, message
+and where it was raised in ``detail``. Internal errors are counted apart from rejects
+and count against the stage's failure budget (``run.budgets``); the next run retries
+those records.
+
 :func:`prepare_udf` wraps it as a vectorised pandas UDF over Arrow batches.
 """
 
@@ -13,6 +22,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import traceback
 import warnings
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
@@ -21,11 +32,18 @@ import pandas as pd
 from pyspark.sql import types as T
 from pyspark.sql.functions import pandas_udf
 
+from udfs.faults import raise_point
+from udfs.outcomes import INTERNAL_ERROR, internal_detail
+
 if TYPE_CHECKING:
     from etl.config import PrepareConfig
 
 __all__ = [
     "PREPARED_TYPE",
+    "STATUSES",
+    "INTERNAL_ERROR",
+    "PILLOW_DATA_ERRORS",
+    "raised_by_pillow",
     "REJECT_REASONS",
     "FILTER_REASONS",
     "FLAGS",
@@ -35,7 +53,12 @@ __all__ = [
     "prepare_udf",
 ]
 
+# ok: prepared. rejected: the data is unusable (a reason from REJECT_REASONS).
+# error: lakeshard's own code (or a library under it) failed on this row: INTERNAL_ERROR.
+STATUSES = ("ok", "rejected", "error")
 REJECT_REASONS = ("empty", "too_large_bytes", "too_many_pixels", "truncated", "undecodable")
+# What Pillow raises for bytes it cannot read -- data failures when Pillow raised them.
+PILLOW_DATA_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError)
 FILTER_REASONS = ("too_small", "extreme_aspect")
 # What a flag in `flags` means:
 #   has_alpha     transparency composited on white      multi_frame  animation/pages: frame 0
@@ -95,6 +118,31 @@ def _rejected(reason: str, detail: str, nbytes: int | None, **kw) -> PreparedIma
     )
 
 
+def _pillow_dir() -> str:
+    import PIL
+
+    return os.path.dirname(PIL.__file__) + os.sep
+
+
+def _raised_in(exc: BaseException) -> traceback.FrameSummary | None:
+    """The innermost frame of `exc`'s traceback: where it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return frames[-1] if frames else None
+
+
+def raised_by_pillow(exc: BaseException) -> bool:
+    """Whether `exc` was raised inside Pillow: with a type of :data:`PILLOW_DATA_ERRORS`,
+    Pillow failing to read the bytes -- a data failure, not a bug of ours."""
+    where = _raised_in(exc)
+    return where is not None and where.filename.startswith(_pillow_dir())
+
+
+def _internal_error(exc: BaseException, nbytes: int | None) -> PreparedImage:
+    """An unexpected exception: its type, message and where it was raised."""
+    return PreparedImage(status="error", reason=INTERNAL_ERROR, detail=internal_detail(exc),
+                         original_size_bytes=nbytes)
+
+
 def dhash64(im) -> int:
     """64-bit difference hash (signed, for Spark's LongType): 9x8 grey thumbnail, one bit
     per horizontal neighbour pair. Near-duplicates differ in a few bits."""
@@ -134,7 +182,9 @@ def _to_srgb(im, flags: list[str]):
         )
         flags.append("icc_converted")
         return converted
-    except (ImageCms.PyCMSError, OSError, ValueError, TypeError):
+    except (ImageCms.PyCMSError, OSError, ValueError, TypeError) as exc:
+        if not raised_by_pillow(exc):
+            raise  # our own bug, not an unusable profile
         flags.append("icc_failed")
         return im
 
@@ -143,6 +193,7 @@ def _to_rgb(im, flags: list[str]):
     """8-bit RGB; transparency is composited on white."""
     from PIL import Image
 
+    raise_point("prepare:convert")
     if im.mode in ("I;16", "I;16B", "I;16L", "I", "F"):
         import numpy as np
 
@@ -193,7 +244,8 @@ _BOMB_WARNINGS_QUIET = False
 
 def prepare_image(data: bytes | None, opts: PrepareConfig) -> PreparedImage:
     """Decode `data` safely and return the JPEG the curated table stores, with hashes,
-    flags and the light-filter verdict; never raises for bad image data."""
+    flags and the light-filter verdict; never raises for bad image data. An exception
+    that is not Pillow failing on the bytes propagates: it is not the data's fault."""
     from PIL import Image, ImageOps
 
     _quiet_bomb_warnings()
@@ -248,7 +300,9 @@ def prepare_image(data: bytes | None, opts: PrepareConfig) -> PreparedImage:
         return _rejected(
             "undecodable", f"not a recognised image format (starts {data[:8].hex()})", nbytes
         )
-    except (OSError, SyntaxError, ValueError, EOFError, IndexError, KeyError) as exc:
+    except PILLOW_DATA_ERRORS as exc:
+        if not raised_by_pillow(exc):
+            raise
         reason = "truncated" if "truncated" in str(exc).lower() else "undecodable"
         return _rejected(reason, f"{type(exc).__name__}: {exc}", nbytes)
     return _ok(encoded, rgb.width, rgb.height, ow, oh, fmt, nbytes, dhash64(rgb), flags, opts)
@@ -275,10 +329,11 @@ def _ok(encoded, w, h, ow, oh, fmt, nbytes, dhash, flags, opts) -> PreparedImage
 
 
 def _prepare_one(b, opts: PrepareConfig) -> dict:
+    data = None if b is None else bytes(b)
     try:
-        result = prepare_image(None if b is None else bytes(b), opts)
-    except Exception as exc:  # noqa: BLE001 -- one image must never fail the task
-        result = _rejected("undecodable", f"unexpected {type(exc).__name__}: {exc}", None)
+        result = prepare_image(data, opts)
+    except Exception as exc:  # noqa: BLE001 -- counted and budgeted, never "bad data"
+        result = _internal_error(exc, None if data is None else len(data))
     return asdict(result)
 
 

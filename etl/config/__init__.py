@@ -8,6 +8,7 @@ the registries (source kinds, stage names) or the inputs live in
 """
 
 from etl.config.base import FieldError
+from etl.config.budgets import BudgetsConfig
 from etl.config.curation import (
     DEDUP_POLICY_KEYS,
     SCALAR_INDEX_TYPES,
@@ -39,6 +40,7 @@ __all__ = [
     "SparkConfig",
     "SourceConfig",
     "RunConfig",
+    "BudgetsConfig",
     "PrepareConfig",
     "FetchConfig",
     "ExportConfig",

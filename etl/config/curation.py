@@ -106,6 +106,15 @@ class LakehouseConfig(Section):
     # `retain_versions` (time travel reaches back that far, no further).
     retention_days: Annotated[float, Field(ge=0)] = 7.0
     retain_versions: Annotated[int, Field(ge=1)] = 10
+    # Removed rows (docs/lakehouse.md#removals-bytes-really-gone): the fragments that held
+    # them are rewritten at once, and the versions before that -- the only ones still
+    # holding their bytes -- are deleted once this many hours have passed (by the removing
+    # run itself when 0, else by the first run, forget or compact after that), whatever
+    # retention_days / retain_versions say. Takedowns (`lakeshard forget`):
+    takedown_retention_hours: Annotated[float, Field(ge=0)] = 0.0
+    # Records that left their source (nightly); null: nothing rewritten or deleted for
+    # them beyond the row delete (old versions go by retention_days, via compact).
+    removal_retention_hours: Annotated[float, Field(ge=0)] | None = 168.0
     embedding: EmbeddingConfig = Field(default_factory=EmbeddingConfig)
 
     @field_validator("scalar_indexes", "embedding", mode="before")

@@ -11,6 +11,7 @@ from urllib.parse import urlparse
 from pydantic import Field, field_validator, model_validator
 
 from etl.config.base import FieldError, Name, Section, Strings, StrMap, Text, local_path
+from etl.config.budgets import BudgetsConfig
 from etl.errors import ConfigError
 
 __all__ = [
@@ -247,6 +248,10 @@ class SourceConfig(Section):
     respect_opt_out: bool = True
     # Requests per second to one host, per Python worker; null: only fetch.per_host.
     per_host_rps: Annotated[float, Field(gt=0)] | None = None
+    # A record the source no longer lists (a file deleted, a row gone): `delete` removes
+    # it from every table and the next export (docs/sources.md#removals); `keep` leaves
+    # it where it is, for append-only archives whose old records must stay.
+    on_removed: Literal["delete", "keep"] = "delete"
 
     @field_validator("url_schemes")
     @classmethod
@@ -295,8 +300,11 @@ class RunConfig(Section):
     report: bool = True
     report_samples: Annotated[int, Field(ge=0, le=500)] = 24  # images per contact sheet
     report_max_rows: Annotated[int, Field(ge=100)] = 200_000  # histogram sample size
-    # Console progress of running Spark stages, every this many seconds (0: off).
+    # Console progress of running Spark stages, every this many seconds (0: off; then
+    # Spark's own console progress bar is on instead).
     progress_interval_s: Annotated[float, Field(ge=0)] = 10.0
+    # When a stage's failed rows fail the stage and the run (etl/config/budgets.py).
+    budgets: BudgetsConfig = Field(default_factory=BudgetsConfig)
 
     @field_validator("lock_path")
     @classmethod

@@ -28,7 +28,7 @@ from etl import tables
 from etl.columns import caption_columns
 from etl.config import CaptionVersionConfig, Config
 from etl.errors import ConfigError
-from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.tiny_vlm import TINY_MODEL, ensure_tiny_vlm
 from etl.writers.lance import FRAGMENT_ID, ROW_ADDRESS
 from etl.writers.lance_columns import write_columns
@@ -365,6 +365,9 @@ def format_caption(r: CaptionResult) -> str:
         if not r.worker_reuse:
             lines.append("WARNING           : spark.python.worker.reuse is false: every "
                          "task loaded its own model copy; set it to true")
+        if r.statuses.get("failed"):
+            lines.append(f"failed            : {r.statuses['failed']} row(s): generation "
+                         f"raised ({r.column}_error says why); the next run retries them")
     lines.append(
         f"curated (Lance)   : {r.table_path}  version {r.version_before} -> {r.version_after}"
         f" ({r.bytes_written / 1e3:.1f} kB of caption data; image files untouched)"
@@ -382,8 +385,32 @@ def write_caption_report(cfg: Config, r: CaptionResult) -> str | None:
     return path
 
 
+def _failure_examples(r: CaptionResult, n: int) -> tuple[str, ...]:
+    """Up to `n` failed rows of this version (generation failures first, then images
+    that did not decode), as ``sample_id: status: error``, from the committed table."""
+    import lance
+
+    if not (r.statuses.get("failed") or r.statuses.get("bad_image")):
+        return ()
+    ds = lance.dataset(r.table_path, version=r.version_after)
+    status, error = f"{r.column}_status", f"{r.column}_error"
+    out: list[str] = []
+    for kind in ("failed", "bad_image"):
+        if len(out) >= n or not r.statuses.get(kind):
+            continue
+        rows = ds.to_table(columns=["sample_id", error], filter=f"{_q(status)} = '{kind}'",
+                           limit=n - len(out)).to_pylist()
+        out += [f"{row['sample_id']}: {kind}: {row[error]}" for row in rows]
+    return tuple(out)
+
+
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
-    """A caption version (the default one, or the command's) for rows lacking it."""
+    """A caption version (the default one, or the command's) for rows lacking it.
+
+    Its failure budget (``run.budgets.failed_rate.caption``, checked by the runner) is on
+    the rows captioned this run: the captions are committed first (one table version,
+    every row with its status), so a failed run keeps what it captioned and the next run
+    retries the ``failed`` rows."""
     if not cfg.caption.versions:
         return StageResult(note="no caption versions configured")
     name = ctx.option("caption", "version")
@@ -392,10 +419,16 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     res = caption(spark, cfg, name, force=force, limit=limit)
     if res.todo == 0:
         return StageResult(note="up to date", inputs={"rows": res.table_rows}, detail=res)
+    tally = RowTally(
+        rows=sum(res.statuses.values()), ok=res.statuses.get("ok", 0),
+        failed=res.statuses.get("failed", 0),
+        examples=_failure_examples(res, cfg.run.budgets.examples),
+        failed_label=f"{res.column}_status = failed",
+    )
     return StageResult(
         inputs={"rows": res.table_rows, "todo": res.todo},
         outputs={f"status:{k}": v for k, v in res.statuses.items()},
-        table_versions={"lance:curated": res.version_after}, detail=res,
+        table_versions={"lance:curated": res.version_after}, tally=tally, detail=res,
         note=f"{res.column}: untrained smoke-test model" if res.smoke_test_model else None,
     )
 

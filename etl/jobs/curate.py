@@ -1,17 +1,21 @@
 """Curate: sources -> bronze manifest (Delta) -> prepared images -> Lance `curated`
-(append-only) + Delta `rejects` and `accounting`.
+(append-only) + Delta `rejects` and `accounting`; records that left their sources, and
+takedowns a `lakeshard forget` could not finish, out of every table.
 
 Reads as the steps it wires: **list** every source into the common schema, **diff**
 with the bronze manifest (unchanged records are counted, not processed; unchanged tar
-shards are not opened), **fetch** referenced images, **prepare** (decode, re-encode,
-flag), **write** the curated rows (replacing rows of changed records), **merge** the
-manifest, rejects and accounting. The decisions are transforms
-(:mod:`etl.transforms.bronze`, :mod:`~etl.transforms.prepare`,
+shards are not opened), find the records the sources **no longer list**, **refuse**
+what a takedown names, **fetch** referenced images, **prepare** (decode, re-encode,
+flag), **write** the curated rows (replacing rows of changed records), **remove** the
+records that left, **merge** the manifest, rejects and accounting. The decisions are
+transforms (:mod:`etl.transforms.bronze`, :mod:`~etl.transforms.prepare`,
 :mod:`~etl.transforms.accounting`); this module only reads, calls and writes.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,32 +26,62 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from etl import tables
-from etl.config import Config
+from etl.config import Config, SourceConfig
 from etl.lakehouse.indexes import ensure_scalar_indexes
+from etl.lakehouse.maintenance import (
+    PurgeResult,
+    RemovalResult,
+    remove_records,
+    run_due_purges,
+)
 from etl.runtime.faults import fault_point
-from etl.runtime.stage import RunContext, StageResult
-from etl.schema import UPSTREAM_COLUMNS
+from etl.runtime.stage import RowTally, RunContext, StageResult
+from etl.schema import REMOVED, UPSTREAM_COLUMNS, sample_id_col
 from etl.sources import adapter_for, finish_ingest
 from etl.transforms.accounting import SourceCounts, accounting_rows, source_counts
 from etl.transforms.bronze import (
+    CONTAINER_FAILURES,
+    TAKEN_DOWN,
+    known_fingerprint,
+    live,
     manifest_rows,
     mark_duplicate_keys,
     mark_unchanged,
+    refuse_prepared,
+    refuse_taken_down,
+    removed_records,
+    takedown_identifiers,
     unchanged_containers,
 )
 from etl.transforms.fetch import fetch_images
 from etl.transforms.prepare import (
     accepted_rows,
+    failure_examples,
     outcome_counts,
     prepare_images,
     rejected_rows,
 )
-from etl.writers.delta import merge_accounting, merge_manifest, merge_rejects
+from etl.writers.delta import (
+    mark_takedowns_applied,
+    merge_accounting,
+    merge_manifest,
+    merge_rejects,
+    update_takedowns,
+)
 from etl.writers.lance import delete_rows
+from etl.writers.remote import read_file, write_file
 
 __all__ = ["CurateResult", "list_sources", "curate", "stage"]
 
 log = logging.getLogger(__name__)
+
+# Key of the version a run read of a source with a history (in the state file below and
+# in the ledger's table_versions): source:<name>:<hash of its path>, so a source pointed
+# elsewhere starts over instead of reading another table's history.
+_SOURCE_VERSION = "source:"
+# Where the versions the last completed curate read are kept: one small JSON object
+# (read without Spark; the run ledger has them too, but querying it is a Spark job).
+_VERSIONS_FILE = "_lakeshard/source_versions.json"
 
 
 @dataclass(frozen=True)
@@ -59,15 +93,25 @@ class CurateResult:
     manifest_path: str
     accounting_path: str
     counts: tuple[SourceCounts, ...]
+    # The bytes of removed rows: rewritten away now, the older versions deleted when.
+    purge: PurgeResult | None = None
+    # Source versions read (ledger keys -> version), for the next run's history.
+    source_versions: dict[str, int] | None = None
+    # A few failed records (internal errors first), for the failure budgets' messages.
+    examples: tuple[str, ...] = ()
 
 
 def list_sources(spark: SparkSession, cfg: Config,
-                 skip: dict[str, frozenset[str]] | None = None) -> DataFrame:
+                 skip: dict[str, frozenset[str]] | None = None,
+                 versions: dict[str, int | None] | None = None) -> DataFrame:
     """All configured sources in the common source schema, as one DataFrame (images
-    referenced, not yet fetched). `skip`: per source, containers not to open."""
+    referenced, not yet fetched). `skip`: per source, containers not to open;
+    `versions`: per source, the table version to read."""
     skip = skip or {}
+    versions = versions or {}
     frames = [
-        finish_ingest(adapter_for(s.kind).read(spark, s, skip.get(s.name, frozenset())), s)
+        finish_ingest(adapter_for(s.kind).read(spark, s, skip.get(s.name, frozenset()),
+                                               versions.get(s.name)), s)
         for s in cfg.sources
     ]
     return reduce(DataFrame.unionByName, frames)
@@ -84,9 +128,10 @@ def _skipped_containers(cfg: Config, manifest: DataFrame | None
         listed = adapter_for(s.kind).containers(s)
         if not listed:
             continue
+        gone = (F.col("status") == REMOVED) & (F.col("reason") == "source_removed")
         known = (
-            manifest.where(F.col("source") == s.name)
-            .groupBy("source_uri", "fingerprint").count().collect()
+            manifest.where((F.col("source") == s.name) & ~gone)
+            .groupBy("source_uri", known_fingerprint()).count().collect()
         )
         skip[s.name], counts[s.name] = unchanged_containers(listed, known)
     return skip, counts
@@ -102,28 +147,175 @@ def _replace_changed(spark: SparkSession, curated_path: str, ids: DataFrame) -> 
     return delete_rows(curated_path, stale)
 
 
+def _version_key(source: SourceConfig) -> str:
+    where = hashlib.sha256(source.path.encode()).hexdigest()[:8]
+    return f"{_SOURCE_VERSION}{source.name}:{where}"
+
+
+def _versions_path(cfg: Config) -> str:
+    return f"{cfg.storage.root.rstrip('/')}/{_VERSIONS_FILE}"
+
+
+def _previous_versions(cfg: Config) -> dict[str, int]:
+    """The source versions the last completed curate read; {} when there is no (readable)
+    record: every source is then compared in full."""
+    path = _versions_path(cfg)
+    try:
+        body = read_file(path)
+        if body is None:
+            return {}
+        raw = json.loads(body)
+        return {k: int(v) for k, v in raw.items() if k.startswith(_SOURCE_VERSION)}
+    except (ValueError, TypeError, AttributeError) as exc:
+        log.warning("curate: %s unreadable (%s): comparing every source in full", path, exc)
+        return {}
+
+
+def _record_versions(cfg: Config, versions: dict[str, int]) -> None:
+    """Written once the run's removals are done (a run that dies before leaves the last
+    record, and the next run looks at the history since then again)."""
+    write_file(_versions_path(cfg), json.dumps(versions, sort_keys=True).encode())
+
+
+def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: datetime
+                      ) -> RemovalResult | None:
+    """Takedown requests recorded but not applied (a `lakeshard forget` that died
+    midway): their records leave every table now."""
+    paths = tables.layout(cfg)
+    takedowns = tables.read_delta(spark, paths.takedowns)
+    manifest = tables.read_delta(spark, paths.manifest)
+    if takedowns is None or manifest is None:
+        return None
+    pending = takedowns.where(F.col("applied_at").isNull())
+    if pending.isEmpty():
+        return None
+    ids = takedown_identifiers(pending).where("kind = 'sample_id'").select(
+        F.col("value").alias("sample_id"))
+    named = manifest.join(ids, "sample_id", "left_semi").where(
+        (F.col("status") != REMOVED) | (F.col("reason") != TAKEN_DOWN))
+    result = remove_records(
+        spark, cfg, named.select("sample_id", "source", "status",
+                                 F.lit(TAKEN_DOWN).alias("reason")),
+        run_id=run_id, now=now, retention_hours=cfg.lakehouse.takedown_retention_hours)
+    purge = result.purge
+    mark_takedowns_applied(spark, paths.takedowns, now=now,
+                           purge_version=purge.version if purge else None,
+                           purge_after=purge.due if purge else None,
+                           purged=purge is None or purge.done)
+    log.warning("curate: finished %d takedown record(s) a forget had left unapplied",
+                result.total)
+    return result
+
+
+def _find_removals(spark: SparkSession, cfg: Config, manifest: DataFrame,
+                   listed: DataFrame, skip: dict[str, frozenset[str]],
+                   versions: dict[str, int | None], stats: dict[str, dict],
+                   skipped: dict[str, int]) -> tuple[DataFrame, dict[str, str]]:
+    """Records the sources no longer list: ``sample_id, source, status``; and per
+    source how they were looked for."""
+    previous = None
+    full, parts, scans = [], [], {}
+    for s in cfg.sources:
+        if s.on_removed == "keep":
+            scans[s.name] = "kept"
+            continue
+        st = stats.get(s.name, {})
+        if st.get("failures"):
+            scans[s.name] = (f"deferred: {st['failures']} record(s) of unreadable "
+                             "files/shards")
+            log.warning("curate: source %s: removals deferred, %s", s.name, scans[s.name])
+            continue
+        version = versions.get(s.name)
+        if version is None:
+            if not st.get("n") and not skipped.get(s.name) and not live(manifest).where(
+                    F.col("source") == s.name).isEmpty():
+                # An empty listing is far likelier an unmounted volume than a wipe.
+                scans[s.name] = "deferred: the source lists no record at all"
+                log.warning("curate: source %s lists nothing: removals deferred", s.name)
+                continue
+            full.append(s.name)
+            scans[s.name] = "listing"
+            continue
+        if previous is None:
+            previous = _previous_versions(cfg)
+        since = previous.get(_version_key(s))
+        found = (adapter_for(s.kind).deleted_keys(spark, s, since, version)
+                 if since is not None else None)
+        if found is None:
+            full.append(s.name)
+            scans[s.name] = "listing"
+            continue
+        keys, scans[s.name] = found
+        candidates = keys.select(sample_id_col(F.lit(s.name), F.col("source_key"))
+                                 .alias("sample_id"))
+        parts.append(removed_records(manifest, listed, sources=[s.name],
+                                     candidates=candidates))
+    parts.append(removed_records(manifest, listed, sources=full, skipped=skip))
+    return reduce(DataFrame.unionByName, parts), scans
+
+
 def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     sc = spark.sparkContext
     paths = tables.layout(cfg)
     now = datetime.now(UTC).replace(tzinfo=None)
+
+    # takedowns a forget left unapplied, before anything reads the manifest
+    sc.setJobDescription("lakeshard curate: finish pending takedowns")
+    pending = _finish_takedowns(spark, cfg, run_id, now)
 
     # list -> diff with bronze
     sc.setJobDescription("lakeshard curate: list sources, compare with the manifest")
     manifest = tables.read_delta(spark, paths.manifest)
     if manifest is not None:
         manifest = manifest.localCheckpoint(eager=True)  # read before it is merged into
+    takedowns = tables.read_delta(spark, paths.takedowns)
+    refused = None
+    if takedowns is not None:
+        refused = takedown_identifiers(takedowns).localCheckpoint(eager=True)
+    versions = {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources
+                if s.on_removed == "delete"}
     skip, skipped = _skipped_containers(cfg, manifest)
-    listed = mark_unchanged(list_sources(spark, cfg, skip), manifest).persist(
+    listed = mark_unchanged(list_sources(spark, cfg, skip, versions), manifest).persist(
         StorageLevel.MEMORY_AND_DISK
     )
+    stats = {
+        r["source"]: r.asDict() for r in listed.groupBy("source").agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.col("unchanged").cast("int")).alias("unchanged"),
+            F.sum(F.col("read_reason").isin(*CONTAINER_FAILURES).cast("int")).alias("failures"),
+        ).collect()
+    }
     unchanged = dict(skipped)
-    for r in listed.where("unchanged").groupBy("source").count().collect():
-        unchanged[r["source"]] = unchanged.get(r["source"], 0) + r["count"]
+    for name, st in stats.items():
+        if st["unchanged"]:
+            unchanged[name] = unchanged.get(name, 0) + st["unchanged"]
+    removed, scans = None, {}
+    if manifest is not None:
+        removed, scans = _find_removals(spark, cfg, manifest, listed, skip, versions, stats,
+                                        skipped)
+        removed = removed.withColumn("reason", F.lit("source_removed")).localCheckpoint(
+            eager=True)
+    # The versions read, for the next run's history (not when removals were deferred:
+    # the next run then looks at everything since the last version fully handled).
+    source_versions = {
+        _version_key(s): versions[s.name] for s in cfg.sources
+        if versions.get(s.name) is not None
+        and not scans.get(s.name, "").startswith("deferred")
+    }
 
-    # fetch -> prepare
+    # refuse what a takedown names -> fetch -> prepare
     sc.setJobDescription("lakeshard curate: fetch + prepare new records")
-    todo = fetch_images(mark_duplicate_keys(listed.where(~F.col("unchanged"))), cfg.fetch,
-                        cfg.sources)
+    todo = mark_duplicate_keys(listed.where(~F.col("unchanged")))
+    if refused is not None:
+        todo = refuse_taken_down(todo, refused)  # by key and URL: nothing fetched
+    todo = fetch_images(todo, cfg.fetch, cfg.sources).withColumn(
+        "original_sha256",
+        F.when(F.col("image_bytes").isNotNull(), F.sha2(F.col("image_bytes"), 256)),
+    )
+    if refused is not None:
+        todo = refuse_taken_down(todo, refused, by_hash=True)  # same bytes, new name
+    else:
+        todo = todo.withColumn("takedown_detail", F.lit(None).cast("string"))
     dup = F.col("occurrence") > 1
     prepared = (
         prepare_images(todo, cfg.prepare)
@@ -131,14 +323,18 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
             "stage": F.when(F.col("fetch_failed"), F.lit("fetch")).otherwise(F.col("stage")),
             "detail": F.when(dup, F.format_string("copy %d of key %s", "occurrence",
                                                   "source_key"))
+            .when(F.col("takedown_detail").isNotNull(), F.col("takedown_detail"))
             .when(F.col("fetch_failed"), F.col("fetch_detail"))
             .otherwise(F.col("detail")),
         })
         .drop("image_bytes")
-        .persist(StorageLevel.MEMORY_AND_DISK)
     )
+    if refused is not None:
+        prepared = refuse_prepared(prepared, refused)  # the same picture, re-encoded
+    prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     outcome = outcome_counts(prepared).persist()
-    counts = source_counts(outcome.collect(), [s.name for s in cfg.sources], unchanged)
+    outcome_rows = outcome.collect()
+    examples = failure_examples(outcome_rows, cfg.run.budgets.examples)
     fault_point("curate:prepared")
 
     # write curated
@@ -146,26 +342,45 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     accepted = accepted_rows(prepared, run_id=run_id, ingested_at=F.lit(now))
     upstream = prepared.where(F.col("status") == "ok").select("sample_id", *UPSTREAM_COLUMNS)
     accepted = accepted.join(upstream, "sample_id").select(*accepted.columns, *UPSTREAM_COLUMNS)
-    processed = sum(c.seen for c in counts)
+    processed = sum(r["count"] for r in outcome_rows)
+    n_accepted = sum(r["count"] for r in outcome_rows if r["status"] == "ok")
     replaced = 0
     if processed:  # a run with nothing new writes nothing but its accounting
         replaced = _replace_changed(
             spark, paths.curated, prepared.where(F.col("occurrence") == 1).select("sample_id")
         )
-    if sum(c.accepted for c in counts) or not tables.lance_exists(paths.curated):
+    if n_accepted or not tables.lance_exists(paths.curated):
         accepted.write.format("lance").mode("append").save(paths.curated)
         # Scalar indexes on the columns analysts filter by (extended to new fragments).
         ensure_scalar_indexes(paths.curated, cfg.lakehouse.scalar_indexes)
     fault_point("curate:lance_written")
 
-    # merge bronze
+    # merge bronze; then what left the sources leaves every table (the manifest last)
     sc.setJobDescription("lakeshard curate: merge Delta rejects, manifest, accounting")
     if processed or manifest is None:
         merge_rejects(spark, rejected_rows(prepared, run_id=run_id), paths.rejects)
         merge_manifest(spark, manifest_rows(prepared, run_id=run_id, ingested_at=now),
                        paths.manifest)
-    merge_accounting(spark, accounting_rows(outcome, unchanged, run_id=run_id, run_at=now),
+    gone = None
+    if removed is not None:
+        sc.setJobDescription("lakeshard curate: remove records the sources no longer list")
+        gone = remove_records(spark, cfg, removed, run_id=run_id, now=now,
+                              retention_hours=cfg.lakehouse.removal_retention_hours)
+    removals = [*(pending.counts if pending else ()), *(gone.counts if gone else ())]
+    counts = source_counts(outcome_rows, [s.name for s in cfg.sources], unchanged,
+                           removals, scans)
+    merge_accounting(spark, accounting_rows(outcome, unchanged, run_id=run_id, run_at=now,
+                                            removed=removals),
                      paths.accounting)
+    purge = next((r.purge for r in (gone, pending) if r is not None and r.purge), None)
+    if tables.lance_exists(paths.curated):
+        # Removed rows' versions past their retention; takedowns whose bytes that frees.
+        purged, _, _ = run_due_purges(paths.curated, now)
+        if purged and tables.read_delta(spark, paths.takedowns) is not None:
+            oldest = min(int(v["version"]) for v in tables.open_curated(cfg).versions())
+            update_takedowns(spark, paths.takedowns,
+                             f"purged_at IS NULL AND purge_version <= {oldest}",
+                             {"purged_at": now})
     sc.setJobDescription(None)
     for df in (outcome, prepared, listed):
         df.unpersist()
@@ -179,26 +394,49 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         )
     if replaced:
         log.info("curate: replaced %d curated rows of changed records", replaced)
+    if any(v is not None for v in versions.values()):
+        # A source whose removals were deferred keeps the version last fully handled.
+        deferred = {_version_key(s) for s in cfg.sources
+                    if scans.get(s.name, "").startswith("deferred")}
+        kept = {k: v for k, v in _previous_versions(cfg).items() if k in deferred}
+        _record_versions(cfg, {**kept, **source_versions})
     return CurateResult(paths.curated, ds.version, ds.count_rows(), paths.rejects,
-                        paths.manifest, paths.accounting, counts)
+                        paths.manifest, paths.accounting, counts, purge, source_versions,
+                        examples=examples)
 
 
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
-    """ingest + prepare + write: sources -> Lance `curated` + Delta `rejects`."""
+    """ingest + prepare + write: sources -> Lance `curated` + Delta `rejects`; records
+    the sources no longer list out of every table."""
     cur = curate(spark, cfg, ctx.run_id)
     inputs: dict[str, int] = {"seen": sum(c.seen for c in cur.counts)}
-    outputs: dict[str, int] = {"accepted": 0, "rejected": 0, "flagged": 0}
+    outputs: dict[str, int] = {"accepted": 0, "rejected": 0, "flagged": 0, "removed": 0}
     for c in cur.counts:
         inputs[f"seen:{c.source}"] = c.seen
         outputs["accepted"] += c.accepted
         outputs["rejected"] += c.rejected
         outputs["flagged"] += sum(c.filtered.values())
+        outputs["removed"] += sum(c.removed.values())
         for reason, n in c.reasons.items():
             outputs[f"rejected:{reason}"] = outputs.get(f"rejected:{reason}", 0) + n
         for reason, n in c.filtered.items():
             outputs[f"flagged:{reason}"] = outputs.get(f"flagged:{reason}", 0) + n
-    versions = {"lance:curated": cur.curated_version}
+        for reason, n in c.removed.items():
+            outputs[f"removed:{reason}"] = outputs.get(f"removed:{reason}", 0) + n
+        if c.removed:
+            outputs[f"removed_in:{c.source}"] = sum(c.removed.values())
+    errors = sum(c.internal_errors for c in cur.counts)
+    if errors:
+        outputs["internal_error"] = errors
+    tally = RowTally(rows=inputs["seen"], ok=outputs["accepted"], failed=outputs["rejected"],
+                     internal_errors=errors, examples=cur.examples, failed_label="rejected")
+    versions = {"lance:curated": cur.curated_version, **(cur.source_versions or {})}
     rejects_version = tables.delta_version(spark, cur.rejects_path)
     if rejects_version is not None:
         versions["delta:rejects"] = rejects_version
-    return StageResult(inputs=inputs, outputs=outputs, table_versions=versions, detail=cur)
+    note = None
+    if cur.purge is not None and not cur.purge.done:
+        note = (f"removed rows' bytes stay in versions before {cur.purge.version} until "
+                f"{cur.purge.due:%Y-%m-%d %H:%M} UTC")
+    return StageResult(inputs=inputs, outputs=outputs, table_versions=versions, note=note,
+                       tally=tally, detail=cur)

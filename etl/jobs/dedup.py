@@ -16,13 +16,13 @@ import logging
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config
 from etl.runtime.stage import RunContext, StageResult
 from etl.schema import DEDUP_SCHEMA
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
+from etl.writers.delta import merge_dedup, set_properties
 
 __all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "check"]
 
@@ -104,19 +104,7 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
 
     sc.setJobDescription("lakeshard dedup: merge Delta dedup")
     if changed or removed:
-        source = plan.changes.withColumn("_op", F.lit("upsert")).unionByName(
-            plan.removed.withColumn("_op", F.lit("delete")), allowMissingColumns=True
-        )
-        cols = {c: f"s.{c}" for c in ASSIGNMENT_COLUMNS}
-        (
-            DeltaTable.forPath(spark, path)
-            .alias("t")
-            .merge(source.alias("s"), "t.sample_id = s.sample_id")
-            .whenMatchedDelete(condition="s._op = 'delete'")
-            .whenMatchedUpdate(condition="s._op = 'upsert'", set=cols)
-            .whenNotMatchedInsert(condition="s._op = 'upsert'", values=cols)
-            .execute()
-        )
+        merge_dedup(spark, path, plan.changes, plan.removed, ASSIGNMENT_COLUMNS)
     sc.setJobDescription("lakeshard dedup: stats")
     table = spark.read.format("delta").load(path)
     by = _by_source(table)
@@ -127,8 +115,7 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
     props = {tables.DEDUP_PARAMS: params, tables.DEDUP_CURATED_VERSION: str(version),
              DEDUP_STATS: json.dumps({"by": by, "clusters": clusters}, sort_keys=True)}
     if state is None or any(state.get(k) != v for k, v in props.items()):
-        settings = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
-        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
+        set_properties(spark, path, props)
     delta_version = tables.delta_version(spark, path)
     return DedupResult(
         path, delta_version, mode, version, plan.new_rows, plan.pairs, plan.rounds,

@@ -4,18 +4,25 @@ Reads the table's small columns with each row's Lance address, chooses the rows 
 columns (:mod:`etl.transforms.export`), and hands them to the partition-wise MDS writer
 (:func:`etl.writers.mds.export_mds`), which takes image bytes and latents from Lance by
 address inside each task and skips the work when an export with the same key exists.
+
+Removed records are no longer in the table, so no export written after their removal
+holds them; the manifest says how many rows removals took out (``removals``), and a row
+a takedown names is left out even if a run died before deleting it from the table.
 """
 
 from __future__ import annotations
 
 import json
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config
 from etl.errors import ConfigError
 from etl.runtime.stage import RunContext, StageResult
+from etl.schema import REMOVED
+from etl.transforms.bronze import takedown_identifiers
 from etl.transforms.export import (
     export_columns,
     export_rows,
@@ -27,6 +34,30 @@ from etl.writers.mds import BlobSource, ExportResult, export_mds, mds_encoding, 
 from etl.writers.remote import read_file, write_file
 
 __all__ = ["export", "stage"]
+
+
+def _taken_down(spark: SparkSession, cfg: Config) -> DataFrame | None:
+    """``sample_id`` of every record a takedown names, or None without takedowns."""
+    takedowns = tables.read_delta(spark, tables.layout(cfg).takedowns)
+    if takedowns is None:
+        return None
+    return (takedown_identifiers(takedowns).where("kind = 'sample_id'")
+            .select(F.col("value").alias("sample_id")).localCheckpoint(eager=True))
+
+
+def _removals(spark: SparkSession, cfg: Config) -> dict:
+    """Rows removals took out of the curated table (and so out of every export since):
+    how many, by reason, and a fingerprint of their ids (so the export key changes)."""
+    manifest = tables.read_delta(spark, tables.layout(cfg).manifest)
+    out: dict = {"removed": 0, "by_reason": {}, "fingerprint": 0}
+    if manifest is None:
+        return out
+    gone = manifest.where((F.col("status") == REMOVED) & (F.col("stage") == "curated"))
+    by_reason = {r["reason"]: r["count"] for r in gone.groupBy("reason").count().collect()}
+    if by_reason:
+        out.update(removed=sum(by_reason.values()), by_reason=dict(sorted(by_reason.items())),
+                   fingerprint=ids_fingerprint(gone))
+    return out
 
 
 def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
@@ -98,9 +129,23 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
             excluded, fingerprint = matching - expected, ids_fingerprint(duplicates)
         dedup_manifest.update(excluded_duplicates=excluded,
                               duplicates_fingerprint=fingerprint)
+    after_dedup = expected  # what the memo keeps: takedowns are applied afresh each time
+    # Removals: rows that left the table, and (normally none) rows a takedown names that
+    # are still in it because a run died before deleting them.
+    removals = _removals(spark, cfg)
+    taken_down = _taken_down(spark, cfg)
+    left_out = duplicates
+    if taken_down is not None and not taken_down.isEmpty():
+        kept = read(["sample_id"]).load(curated_path)
+        if duplicates is not None:
+            kept = kept.join(duplicates, "sample_id", "left_anti")
+        remaining = kept.join(taken_down, "sample_id", "left_anti").count()
+        removals["excluded_taken_down"] = expected - remaining
+        expected = remaining
+        left_out = taken_down if duplicates is None else duplicates.unionByName(taken_down)
     rows = export_rows(
         curated, mapping, captions=set(exp.captions), fetched=set(fetched),
-        duplicates=duplicates, row_address=ROW_ADDRESS,
+        duplicates=left_out, row_address=ROW_ADDRESS,
     )
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
         if f.name != ROW_ADDRESS and f.name not in encodings:
@@ -121,6 +166,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         manifest={
             "name": name, "table": curated_path, "table_version": table.version,
             "where": exp.where, "sources": dict(mapping), "dedup": dedup_manifest,
+            "removals": removals,
         },
     )
     if result.samples != expected:
@@ -129,7 +175,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
             f"matching {exp.where!r}"
         )
     if memo_inputs is not None and (memo or {}).get("inputs") != memo_inputs:
-        _write_memo(cfg, name, {"inputs": memo_inputs, "expected": expected,
+        _write_memo(cfg, name, {"inputs": memo_inputs, "expected": after_dedup,
                                 **{k: dedup_manifest[k] for k in (
                                     "excluded_duplicates", "duplicates_fingerprint")}})
     return result
@@ -170,6 +216,7 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
             "table_version": manifest.get("table_version"),
             "export_key": manifest.get("export_key"),
             "resumed_partitions": res.resumed_partitions,
+            "removed": (manifest.get("removals") or {}).get("removed", 0),
         }
         inputs[f"rows:{name}"] = res.samples
         outputs["samples"] += res.samples

@@ -2,7 +2,8 @@
 
 Reads the manifest and the root index, checks every shard's size and hashes and the
 export checksum, decodes every image, compares sample counts with the manifest and
-with the curated table (the version and predicate the manifest names), and reads a
+with the curated table (the version and predicate the manifest names), checks that no
+exported sample is named by a takedown (the Delta ``takedowns`` table), and reads a
 shuffled sample through ``streaming.StreamingDataset`` with several DataLoader workers.
 """
 
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 
 from etl.writers.mds import PART_META, combine_digests
 
-__all__ = ["VerifyReport", "verify_export"]
+__all__ = ["VerifyReport", "verify_export", "taken_down_ids"]
 
 
 @dataclass
@@ -63,13 +64,36 @@ def partition_checksums(path: str, splits: list[str]) -> dict[int, str]:
     return {pid: combine_digests(d) for pid, d in digests.items()}
 
 
-def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 64) -> VerifyReport:
+def taken_down_ids(cfg) -> frozenset[str] | None:
+    """The sample ids the root's takedowns table names (given, by key, or matched), or
+    None when the root has no takedowns table. Starts Spark only when there is one."""
+    from etl import tables
+
+    path = tables.layout(cfg).takedowns
+    if "://" not in path and not os.path.isdir(os.path.join(path, "_delta_log")):
+        return None
+    from pyspark.sql import functions as F
+
+    from etl.session import get_spark
+    from etl.transforms.bronze import takedown_identifiers
+
+    spark = get_spark(cfg)
+    table = tables.read_delta(spark, path)
+    if table is None:
+        return None
+    ids = takedown_identifiers(table).where(F.col("kind") == "sample_id")
+    return frozenset(r["value"] for r in ids.select("value").collect())
+
+
+def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 64,
+                  taken_down: frozenset[str] | None = None) -> VerifyReport:
     """Verify the export at `path`; an ``s3://`` export is downloaded to a temporary
-    folder first (verification reads every byte anyway)."""
+    folder first (verification reads every byte anyway). `taken_down`: sample ids no
+    export may hold (:func:`taken_down_ids`)."""
     from etl.writers.remote import is_remote
 
     if not is_remote(path):
-        return _verify_local(path, path, loader_workers, loader_samples)
+        return _verify_local(path, path, loader_workers, loader_samples, taken_down)
     import tempfile
 
     from etl.writers.remote import S3Store
@@ -81,7 +105,7 @@ def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 6
                 continue
             os.makedirs(os.path.dirname(os.path.join(local, rel)), exist_ok=True)
             store.client.download_file(store.bucket, store._key(rel), os.path.join(local, rel))
-        return _verify_local(local, path, loader_workers, loader_samples)
+        return _verify_local(local, path, loader_workers, loader_samples, taken_down)
 
 
 def _in_child(fn, *args):
@@ -102,29 +126,39 @@ def _in_child(fn, *args):
         return pool.submit(fn, *args).result()
 
 
-def _read_back(path: str, splits: list[str], biggest: str, loader_workers: int,
-               loader_samples: int) -> tuple[int, int, list[str]]:
-    """Decode every image through ``StreamingDataset``, then read the largest split
-    through a shuffled multi-worker DataLoader as training does: (images decoded,
-    samples the loader read, problems)."""
+def _read_back(path: str, splits: list[str], counts: list[int], biggest: str,
+               loader_workers: int, loader_samples: int, taken_down: frozenset[str] | None
+               ) -> tuple[int, int, list[str]]:
+    """Decode every image through ``StreamingDataset`` (and flag any sample a takedown
+    names), then read the largest split through a shuffled multi-worker DataLoader as
+    training does: (images decoded, samples the loader read, problems)."""
     import torch.utils.data
-    from streaming import StreamingDataset
+    from streaming import Stream, StreamingDataset
     from streaming.base.util import clean_stale_shared_memory
 
-    decoded, problems = 0, []
-    for split in splits:
-        clean_stale_shared_memory()
-        dataset = StreamingDataset(local=path, split=split or None, shuffle=False, batch_size=1)
-        for i in range(len(dataset)):
+    # One dataset over every split (a stream each): every StreamingDataset probes, and
+    # keeps open, the shared memory of the ones before it, so one per bucket could run a
+    # bucketed export out of file descriptors even here.
+    clean_stale_shared_memory()
+    dataset = StreamingDataset(streams=[Stream(local=path, split=split or None)
+                                        for split in splits], shuffle=False, batch_size=1)
+    decoded, problems, base = 0, [], 0
+    for split, n in zip(splits, counts, strict=True):
+        for j in range(min(n, len(dataset) - base)):
             try:
-                image = dataset[i]["image"]
+                sample = dataset[base + j]
+                if taken_down and sample.get("sample_id") in taken_down:
+                    problems.append(f"{split or 'sample'} {j}: sample {sample['sample_id']} is "
+                                    "named by a takedown: export again to leave it out")
+                image = sample["image"]
                 image.load()
                 if image.format != "JPEG":
                     raise ValueError(f"format {image.format}")
                 decoded += 1
             except Exception as exc:  # noqa: BLE001 -- every failure is reported, not raised
-                problems.append(f"{split or 'sample'} {i}: image does not decode: {exc}")
-        del dataset
+                problems.append(f"{split or 'sample'} {j}: image does not decode: {exc}")
+        base += n
+    del dataset
 
     clean_stale_shared_memory()
     shuffled = StreamingDataset(
@@ -143,7 +177,8 @@ def _read_back(path: str, splits: list[str], biggest: str, loader_workers: int,
     return decoded, loaded, problems
 
 
-def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: int):
+def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: int,
+                  taken_down: frozenset[str] | None = None):
     from streaming.base.hashing import get_hash
 
     report = VerifyReport(shown)
@@ -202,21 +237,34 @@ def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: in
 
         try:
             ds = lance.dataset(table, version=manifest["table_version"])
+        except (ValueError, OSError) as exc:
+            ds = None
+            try:
+                gone = lance.dataset(table).version > manifest["table_version"]
+            except (ValueError, OSError):
+                gone = False
+            report.problems.append(
+                f"table {table} v{manifest['table_version']} no longer exists (its versions "
+                "were cleaned after a removal): export again" if gone else
+                f"cannot read table {table}: {exc}"
+            )
+        if ds is not None:
             rows = ds.count_rows(filter=manifest.get("where"))
-            # Non-canonical duplicates dedup marked are left out by the export.
+            # Non-canonical duplicates dedup marked are left out by the export, and so
+            # are rows a takedown names that were still in the table.
             rows -= (manifest.get("dedup") or {}).get("excluded_duplicates", 0)
+            rows -= (manifest.get("removals") or {}).get("excluded_taken_down", 0)
             if rows != report.samples:
                 report.problems.append(
                     f"table {table} v{manifest['table_version']} has {rows} rows matching "
                     f"{manifest.get('where')!r}, export has {report.samples}"
                 )
-        except (ValueError, OSError) as exc:
-            report.problems.append(f"cannot read table {table}: {exc}")
 
     biggest = max(splits, key=lambda sp: sum(s["samples"] for s in indexes[sp]["shards"]))
     expected = min(loader_samples, sum(s["samples"] for s in indexes[biggest]["shards"]))
-    decoded, loaded, problems = _in_child(_read_back, path, splits, biggest, loader_workers,
-                                          loader_samples)
+    counts = [sum(s["samples"] for s in indexes[sp]["shards"]) for sp in splits]
+    decoded, loaded, problems = _in_child(_read_back, path, splits, counts, biggest,
+                                          loader_workers, loader_samples, taken_down)
     report.images_decoded += decoded
     report.loader_samples += loaded
     report.problems.extend(problems)

@@ -7,7 +7,10 @@ just that column, one ``Update`` commit. The image data files are not touched, s
 adding a feature costs a few bytes per row, not a copy of the table.
 
 A feature is a name, a Spark type, its input columns and a function from those
-columns to a Spark ``Column``; add one to :data:`FEATURES` to make it available.
+columns to a Spark ``Column``; add one to :data:`FEATURES` to make it available. A
+feature that can fail on a row (one that decodes the image) has ``with_error``: its
+function returns ``{value, error}`` and the feature is written as two columns, the
+value and ``<name>_error`` -- why the value is null (``undecodable: …``).
 """
 
 from __future__ import annotations
@@ -68,6 +71,20 @@ class Feature:
     inputs: tuple[str, ...]
     compute: Callable[..., Column]
     doc: str
+    # compute returns struct<value, error>: written as <name> and <name>_error.
+    with_error: bool = False
+
+    @property
+    def error_column(self) -> str | None:
+        return f"{self.name}_error" if self.with_error else None
+
+    def columns(self, inputs: list[Column]) -> list[Column]:
+        """The feature's output columns from its input columns."""
+        out = self.compute(*inputs)
+        if not self.with_error:
+            return [out.cast(self.spark_type).alias(self.name)]
+        return [out["value"].cast(self.spark_type).alias(self.name),
+                out["error"].cast("string").alias(self.error_column)]
 
 
 FEATURES: dict[str, Feature] = {
@@ -84,7 +101,8 @@ FEATURES: dict[str, Feature] = {
                 ).cast("int"),
                 "words in caption_original (null without a caption)"),
         Feature("luma_mean", "double", ("image",), _luma,
-                "mean brightness 0-255 of the image (decoded at 1/8 scale)"),
+                "mean brightness 0-255 of the image (decoded at 1/8 scale); "
+                "luma_mean_error: why it is null", with_error=True),
     )
 }
 
@@ -141,15 +159,15 @@ def add_features(
         .option("version", str(ds.version))
     )
     if only_missing and feats[0].name in ds.schema.names:
-        reader = reader.option("filter", f"{feats[0].name} IS NULL")
+        missing_value = f"{feats[0].name} IS NULL"
+        if feats[0].error_column in ds.schema.names:  # a known failure is not missing
+            missing_value += f" AND {feats[0].error_column} IS NULL"
+        reader = reader.option("filter", missing_value)
     rows = reader.load(path)
     values = rows.select(
         "sample_id",
         FRAGMENT_ID,
-        *(
-            f.compute(*(F.col(c) for c in f.inputs)).cast(f.spark_type).alias(f.name)
-            for f in feats
-        ),
+        *(col for f in feats for col in f.columns([F.col(c) for c in f.inputs])),
     )
     spark.sparkContext.setJobDescription(f"lakeshard features add {' '.join(names)}")
     res = write_columns(spark, path, values, key="sample_id")

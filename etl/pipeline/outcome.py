@@ -1,5 +1,5 @@
-"""The outcome of a run: per stage its result and seconds, the report, what was
-recovered or migrated first."""
+"""The outcome of a run: per stage its result and seconds, the report and the events
+file, what was recovered or migrated first, and where it failed."""
 
 from __future__ import annotations
 
@@ -20,6 +20,14 @@ class RunOutcome:
     report: str | None = None
     recovered_run: str | None = None  # the crashed run whose stale lock this one took
     migrated: list[str] = field(default_factory=list)  # migrations applied first
+    # Where and why the run failed (a stage over its failure budget, or an exception).
+    failed_stage: str | None = None
+    failure: str | None = None
+    events: str | None = None  # <root>/reports/<run_id>/events.jsonl
+
+    @property
+    def status(self) -> str:
+        return "failed" if self.failed_stage else "ok"
 
     def detail(self, stage: str) -> Any:
         res = self.results.get(stage)

@@ -1,10 +1,10 @@
 """Everything that can fail before Spark starts, with a message that names the field.
 
 :func:`check_config` checks the parsed config against the registries (source kinds,
-stage names, writable export targets) -- the part of validation that config itself
-must not import. The stage checks (:func:`check_sources`, :func:`check_exports`, and
-the ones the jobs register) look at the inputs: sample sources built, paths and
-columns there, export names known.
+stage names in ``run.stages`` and ``run.budgets``, writable export targets) -- the part
+of validation that config itself must not import. The stage checks
+(:func:`check_sources`, :func:`check_exports`, and the ones the jobs register) look at
+the inputs: sample sources built, paths and columns there, export names known.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from urllib.parse import urlparse
 
 from etl.config import Config
 from etl.errors import ConfigError
-from etl.pipeline.stages import STAGES
+from etl.pipeline.stages import COMMANDS, STAGES
 from etl.runtime.stage import RunContext
 from etl.sample_sources import ensure_samples
 from etl.sources import SOURCE_KINDS, adapter_for
@@ -45,6 +45,13 @@ def check_config(cfg: Config) -> Config:
             raise ConfigError(
                 f"run.stages[{i}]: unknown stage {name!r} "
                 f"(registered: {', '.join(STAGES.names())})"
+            )
+    known = (*STAGES.names(), *COMMANDS.names())
+    for name in cfg.run.budgets.failed_rate:
+        if name not in known:
+            raise ConfigError(
+                f"run.budgets.failed_rate.{name}: unknown stage {name!r} "
+                f"(registered: {', '.join(known)})"
             )
     for exp in cfg.exports.values():
         if exp.path and "://" in exp.path:

@@ -104,3 +104,6 @@ COMMANDS.add("embed", "etl.jobs.lakehouse:embed_stage",
 COMMANDS.add("compact", "etl.jobs.lakehouse:compact_stage",
              "compact fragments, clean versions past retention",
              check="etl.jobs.lakehouse:require_curated")
+COMMANDS.add("forget", "etl.jobs.forget:stage",
+             "a takedown request: its records out of every table, refused from then on",
+             check="etl.jobs.forget:check")

@@ -21,22 +21,43 @@ def format_summary(run_id: str, cur: CurateResult | None, exports: list) -> str:
     lines = [f"lakeshard run {run_id}"]
     if cur is not None:
         header = (
-            f"{'source':<20} {'seen':>7} {'accepted':>9} {'rejected':>9} {'flagged':>8} "
-            f"{'unchanged':>10}  reasons (rejected; flagged)"
+            f"{'source':<20} {'seen':>7} {'accepted':>9} {'rejected':>9} {'errors':>7} "
+            f"{'flagged':>8} {'unchanged':>10} {'removed':>8}  "
+            "reasons (rejected; flagged; removed)"
         )
         lines += ["", header, "-" * len(header)]
         for c in cur.counts:
-            why = ", ".join(f"{k}={v}" for k, v in {**c.reasons, **c.filtered}.items()) or "-"
+            why = ", ".join(f"{k}={v}" for k, v in
+                            {**c.reasons, **c.filtered, **c.removed}.items()) or "-"
             lines.append(
                 f"{c.source:<20} {c.seen:>7} {c.accepted:>9} {c.rejected:>9} "
-                f"{sum(c.filtered.values()):>8} {c.unchanged:>10}  {why}"
+                f"{c.internal_errors:>7} {sum(c.filtered.values()):>8} {c.unchanged:>10} "
+                f"{sum(c.removed.values()):>8}  {why}"
             )
-        tot = [sum(getattr(c, f) for c in cur.counts) for f in ("seen", "accepted", "rejected")]
+        tot = [sum(getattr(c, f) for c in cur.counts)
+               for f in ("seen", "accepted", "rejected", "internal_errors")]
         flagged = sum(sum(c.filtered.values()) for c in cur.counts)
         same = sum(c.unchanged for c in cur.counts)
+        gone = sum(sum(c.removed.values()) for c in cur.counts)
         lines.append(
-            f"{'total':<20} {tot[0]:>7} {tot[1]:>9} {tot[2]:>9} {flagged:>8} {same:>10}"
+            f"{'total':<20} {tot[0]:>7} {tot[1]:>9} {tot[2]:>9} {tot[3]:>7} {flagged:>8} "
+            f"{same:>10} {gone:>8}"
         )
+        for c in cur.counts:
+            if c.removal_scan and c.removal_scan.startswith("deferred"):
+                lines.append(f"removals of {c.source} {c.removal_scan}")
+        if cur.purge is not None:
+            p = cur.purge
+            lines.append(
+                "removed rows' bytes: gone from storage" if p.done else
+                f"removed rows' bytes: held by curated versions before {p.version} until "
+                f"{p.due:%Y-%m-%d %H:%M} UTC (lakehouse.removal_retention_hours)"
+            )
+        if tot[3]:
+            lines += ["", f"errors          : {tot[3]} record(s) failed on an exception in "
+                      "lakeshard's own code, not on bad data (rejects table, reason "
+                      "internal_error, detail = the exception); the next run retries them"]
+            lines += [f"  {e}" for e in cur.examples if " internal_error" in e]
         lines += [
             "",
             f"curated (Lance) : {cur.curated_path}  version {cur.curated_version}, "
@@ -65,10 +86,16 @@ def format_outcome(out: RunOutcome) -> str:
     if cap is not None and cap.todo:
         lines += [format_caption(cap), ""]
     for name in STAGES.names():
-        if name in out.results:
+        if name == out.failed_stage:
+            secs = f"{out.seconds[name]:8.1f} s" if name in out.seconds else f"{'':>10}"
+            why = (out.failure or "").splitlines()[0] if out.failure else ""
+            lines.append(f"stage {name:<10} {secs}  FAILED: {why}")
+        elif name in out.results:
             note = out.results[name].note
             lines.append(f"stage {name:<10} {out.seconds[name]:8.1f} s"
                          + (f"  ({note})" if note else ""))
+        elif out.failed_stage and name in out.stages:
+            lines.append(f"stage {name:<10} {'not run':>10}")
         else:
             lines.append(f"stage {name:<10} {'skipped':>10}")
     if out.migrated:
@@ -77,6 +104,8 @@ def format_outcome(out: RunOutcome) -> str:
         lines.append(f"recovered the stale lock of crashed run {out.recovered_run}")
     if out.report:
         lines.append(f"report          : {out.report}")
+    if out.events:
+        lines.append(f"events          : {out.events}")
     return "\n".join(lines)
 
 
@@ -89,6 +118,10 @@ def write_summary(out: RunOutcome, out_dir: str) -> str:
         json.dump(
             {
                 "run_id": out.run_id,
+                "status": out.status,
+                "failed_stage": out.failed_stage,
+                "failure": out.failure,
+                "events": out.events,
                 "curate": asdict(cur) if cur else None,
                 "exports": [asdict(e) for e in out.detail("export") or []],
                 "stages": out.stages,
@@ -99,6 +132,7 @@ def write_summary(out: RunOutcome, out_dir: str) -> str:
             },
             f,
             indent=2,
+            default=str,  # datetimes (when removed rows' bytes are purged)
         )
     return path
 

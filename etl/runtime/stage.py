@@ -7,7 +7,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StageResult", "RunContext"]
+__all__ = ["RowTally", "StageResult", "RunContext"]
+
+
+@dataclass(frozen=True)
+class RowTally:
+    """How the rows a stage processed this run ended: what its failure budgets
+    (``run.budgets``, :mod:`etl.pipeline.budgets`) are checked against."""
+
+    rows: int  # processed this run
+    ok: int  # made it through (curate: accepted; caption: ok)
+    failed: int = 0  # failed for a reason the row gives (curate: rejected; caption: failed)
+    internal_errors: int = 0  # an unexpected exception in lakeshard's own code
+    # A few of the errors, each saying which row and why (internal errors first).
+    examples: tuple[str, ...] = ()
+    # What `failed` means in this stage, for messages ("rejected", "caption failed").
+    failed_label: str = "failed"
 
 
 @dataclass
@@ -20,6 +35,8 @@ class StageResult:
     # Export name -> its manifest summary (path, samples, checksum, table version).
     manifests: dict[str, dict] = field(default_factory=dict)
     note: str | None = None
+    # For stages that process rows: how they ended (checked against run.budgets).
+    tally: RowTally | None = None
     # The stage's own result object (CurateResult, [ExportResult], …), for callers.
     detail: Any = None
 

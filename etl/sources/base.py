@@ -52,16 +52,36 @@ class SourceAdapter(ABC):
 
     @abstractmethod
     def read(
-        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
+        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
+        version: int | None = None,
     ) -> DataFrame:
         """Rows of :data:`etl.sources.records.RAW_SCHEMA`: one per input record, the
         image either embedded (`image_bytes`) or referenced (`image_ref` + range), read
         failures as `read_status`/`read_reason`. `skip`: containers (see
-        :meth:`containers`) known unchanged, not to be opened at all."""
+        :meth:`containers`) known unchanged, not to be opened at all. `version`: the
+        table version to read (see :meth:`snapshot_version`); None: the latest."""
 
     def containers(self, source: SourceConfig) -> dict[str, str] | None:
         """Files holding many records (tar shards) -> fingerprint, listed on the driver,
         for kinds that can skip an unchanged container whole; None for other kinds."""
+        return None
+
+    # Removals. Every kind finds the records its source no longer lists by comparing
+    # the manifest with the listing; a kind with a change history (Delta, Lance) first
+    # asks the history which keys were deleted since the version the last run read, and
+    # checks only those.
+
+    def snapshot_version(self, spark: SparkSession, source: SourceConfig) -> int | None:
+        """The source table's current version, which this run reads (`read(version=)`)
+        and the next run's history starts from; None for kinds without versions."""
+        return None
+
+    def deleted_keys(self, spark: SparkSession, source: SourceConfig, since: int,
+                     until: int) -> tuple[DataFrame, str] | None:
+        """``source_key`` s deleted between versions `since` (exclusive) and `until`
+        (inclusive) and how that was read ("change data feed", "version diff"); None
+        when the history cannot say (kept no further back, not enabled): the caller then
+        compares the whole listing with the manifest."""
         return None
 
 

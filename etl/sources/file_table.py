@@ -108,7 +108,8 @@ class TableSource(SourceAdapter):
             check_mapped_columns(source, names, "table", os.path.basename(path))
 
     def read(
-        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
+        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
+        version: int | None = None,
     ) -> DataFrame:
         files = self._files(source)
         mapping = dict(source.columns)

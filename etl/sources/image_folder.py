@@ -53,7 +53,8 @@ class ImageFolderSource(SourceAdapter):
             )
 
     def read(
-        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
+        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
+        version: int | None = None,
     ) -> DataFrame:
         files = list_files(source.path)
         by_stem: dict[str, dict] = {}
@@ -98,12 +99,16 @@ def _sidecar_udf(mapping: dict[str, str]):
     def parse(txt_uri, json_uri):
         from etl.config import FetchConfig
         from udfs.fetch import fetch_ref
+        from udfs.outcomes import INTERNAL_ERROR
 
         opts = FetchConfig(max_bytes=_SIDECAR_CAP)
         record: dict = {}
         bad = None
+        internal = None  # the fetch code itself failed: not a bad sidecar
         if json_uri:
             res = fetch_ref(json_uri, opts=opts)
+            if res.status == INTERNAL_ERROR:
+                internal = res.detail
             try:
                 if res.status != "ok":
                     raise ValueError(res.status)
@@ -115,6 +120,8 @@ def _sidecar_udf(mapping: dict[str, str]):
         out = map_fields(record, mapping)
         if txt_uri:
             res = fetch_ref(txt_uri, opts=opts)
+            if res.status == INTERNAL_ERROR:
+                internal = internal or res.detail
             try:
                 text = res.data.decode("utf-8").strip() if res.status == "ok" else None
             except UnicodeDecodeError:
@@ -123,7 +130,10 @@ def _sidecar_udf(mapping: dict[str, str]):
                 if out["read_reason"] in ("missing_caption", "invalid_caption"):
                     out.update(read_status="ok", read_reason=None)
                 out["caption_original"] = text
-        if bad is not None and out["read_status"] == "ok":
+        if internal is not None:  # counted apart and retried, whatever else the row says
+            out.update(read_status="rejected", read_reason=INTERNAL_ERROR,
+                       metadata_json=json.dumps({"detail": internal}))
+        elif bad is not None and out["read_status"] == "ok":
             out.update(read_status="rejected", read_reason=bad)
         return out
 

@@ -49,7 +49,8 @@ class WebDatasetSource(SourceAdapter):
         return {f.uri: fingerprint(f) for f in expand_pattern(source.path)}
 
     def read(
-        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset()
+        self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
+        version: int | None = None,
     ) -> DataFrame:
         shards = [(f.uri, f.size, fingerprint(f)) for f in expand_pattern(source.path)
                   if f.uri not in skip]

@@ -1,6 +1,10 @@
-"""Where every input record ended, per source: seen = accepted + rejected (processed this
-run, by reason) and `unchanged` (already ingested, skipped). The curate job counts
-with these; the summary prints them; the Delta `accounting` table keeps them."""
+"""Where every input record ended, per source: seen = accepted + rejected + internal
+errors (processed this run, by reason), `unchanged` (already ingested, skipped), and
+`removed` (records that left every table this run: gone from their source, or taken
+down). The curate and forget jobs count with these; the summary prints them; the Delta
+`accounting` table keeps them. An internal error (reason ``internal_error``: lakeshard's
+own code failed on the record) is not a rejection of the data: it is counted apart
+(status ``error`` in the accounting table) and retried by the next run."""
 
 from __future__ import annotations
 
@@ -8,12 +12,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl.schema import ACCOUNTING_SCHEMA
+from etl.schema import ACCOUNTING_SCHEMA, REMOVED
+from udfs.outcomes import INTERNAL_ERROR
 
-__all__ = ["SourceCounts", "source_counts", "accounting_rows"]
+__all__ = ["SourceCounts", "source_counts", "accounting_rows", "removal_counts",
+           "removal_rows"]
 
 
 @dataclass(frozen=True)
@@ -27,53 +33,94 @@ class SourceCounts:
     filtered: dict[str, int] = field(default_factory=dict)
     # Already in the manifest with the same fingerprint: not fetched, not decoded.
     unchanged: int = 0
+    # Left every table this run, by reason (source_removed, taken_down).
+    removed: dict[str, int] = field(default_factory=dict)
+    # How removals were found: "change data feed", "version diff", "listing" (the
+    # manifest against what the source lists), "kept" (on_removed: keep), or why none
+    # were looked for this run ("deferred: ...").
+    removal_scan: str | None = None
+    # Records lakeshard's own code failed on (reason internal_error; not in `rejected`).
+    internal_errors: int = 0
 
 
 def source_counts(outcome: Sequence[Mapping], sources: Sequence[str],
-                  unchanged: Mapping[str, int]) -> tuple[SourceCounts, ...]:
+                  unchanged: Mapping[str, int],
+                  removed: Sequence[Mapping] = (),
+                  scans: Mapping[str, str] | None = None) -> tuple[SourceCounts, ...]:
     """Per configured source, in config order, from the collected outcome counts
-    (:func:`etl.transforms.prepare.outcome_counts`)."""
+    (:func:`etl.transforms.prepare.outcome_counts`) and removal counts
+    (:func:`removal_counts`)."""
     out = []
     for name in sources:
         mine = [r for r in outcome if r["source"] == name]
         accepted = sum(r["count"] for r in mine if r["status"] == "ok")
-        rejected = sum(r["count"] for r in mine if r["status"] != "ok")
+        errors = sum(r["count"] for r in mine if r["reason"] == INTERNAL_ERROR)
+        rejected = sum(r["count"] for r in mine if r["status"] != "ok") - errors
         reasons: dict[str, int] = {}
         filtered: dict[str, int] = {}
         for r in mine:
-            if r["status"] != "ok":
+            if r["status"] != "ok" and r["reason"] != INTERNAL_ERROR:
                 key = r["reason"] or "unknown"
                 reasons[key] = reasons.get(key, 0) + r["count"]
             elif r["filter_reason"]:
                 filtered[r["filter_reason"]] = filtered.get(r["filter_reason"], 0) + r["count"]
+        gone: dict[str, int] = {}
+        for r in removed:
+            if r["source"] == name:
+                gone[r["reason"]] = gone.get(r["reason"], 0) + r["count"]
         out.append(
             SourceCounts(
-                name, accepted + rejected, accepted, rejected,
+                name, accepted + rejected + errors, accepted, rejected,
                 dict(sorted(reasons.items())), dict(sorted(filtered.items())),
-                unchanged.get(name, 0),
+                unchanged.get(name, 0), dict(sorted(gone.items())),
+                (scans or {}).get(name), internal_errors=errors,
             )
         )
     return tuple(out)
 
 
+def removal_counts(removed: DataFrame) -> DataFrame:
+    """Counts of removed records (``sample_id, source, status, reason``; status = the one
+    they had) by ``source``, ``stage`` (the table each left: curated or rejects) and
+    ``reason``."""
+    stage = F.when(F.col("status") == "accepted", F.lit("curated")).otherwise(F.lit("rejects"))
+    return removed.groupBy("source", stage.alias("stage"), "reason").count()
+
+
+def removal_rows(spark: SparkSession, counts: Sequence[Mapping], *, run_id: str,
+                 run_at: datetime) -> DataFrame:
+    """Accounting rows of collected :func:`removal_counts`: status ``removed``."""
+    return spark.createDataFrame(
+        [(run_id, run_at, r["source"], REMOVED, r["stage"], r["reason"], None, int(r["count"]))
+         for r in counts if r["count"]],
+        ACCOUNTING_SCHEMA,
+    )
+
+
 def accounting_rows(outcome: DataFrame, unchanged: Mapping[str, int], *, run_id: str,
-                    run_at: datetime) -> DataFrame:
+                    run_at: datetime, removed: Sequence[Mapping] = ()) -> DataFrame:
     """The accounting table's rows for one run: one per (source, outcome, stage, reason,
-    filter reason) processed, plus one `unchanged` row per source that skipped any."""
+    filter reason) processed (outcome: accepted, rejected, or error for internal
+    errors), one `unchanged` row per source that skipped any, and one `removed` row per
+    (source, table left, reason) of records removed."""
     ok = F.col("status") == "ok"
     processed = outcome.select(
         F.lit(run_id).alias("run_id"),
         F.lit(run_at).alias("run_at"),
         "source",
-        F.when(ok, F.lit("accepted")).otherwise(F.lit("rejected")).alias("status"),
+        F.when(ok, F.lit("accepted")).when(F.col("reason") == INTERNAL_ERROR, F.lit("error"))
+        .otherwise(F.lit("rejected")).alias("status"),
         F.when(~ok, F.col("stage")).alias("stage"),
         F.when(~ok, F.coalesce("reason", F.lit("unknown"))).alias("reason"),
         F.when(ok, F.col("filter_reason")).alias("filter_reason"),
         F.col("count").cast("long").alias("count"),
     )
-    skipped = outcome.sparkSession.createDataFrame(
+    spark = outcome.sparkSession
+    skipped = spark.createDataFrame(
         [(run_id, run_at, src, "unchanged", None, None, None, int(n))
          for src, n in sorted(unchanged.items()) if n],
         ACCOUNTING_SCHEMA,
     )
-    return processed.unionByName(skipped).select(*ACCOUNTING_SCHEMA.fieldNames())
+    gone = removal_rows(spark, removed, run_id=run_id, run_at=run_at)
+    return (processed.unionByName(skipped).unionByName(gone)
+            .select(*ACCOUNTING_SCHEMA.fieldNames()))

@@ -2,9 +2,10 @@
 
 :func:`export_columns` maps MDS columns to curated columns and checks them against the
 table; :func:`latent_export_columns` adds an encoder's stored latents;
-:func:`export_rows` leaves out non-canonical duplicates and shapes the columns (caption
-nulls become ``""``, ints are int32) -- image bytes and latents stay out of the frame
-and are taken from Lance by row address inside the writing task.
+:func:`export_rows` leaves out non-canonical duplicates (and rows a takedown names)
+and shapes the columns (caption nulls become ``""``, ints are int32) -- image bytes and
+latents stay out of the frame and are taken from Lance by row address inside the
+writing task.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ def latent_export_columns(
 def export_rows(curated: DataFrame, mapping: dict[str, str], *, captions: set[str],
                 fetched: set[str], duplicates: DataFrame | None, row_address: str
                 ) -> DataFrame:
-    """The rows and columns to write: `curated` without the `duplicates` ids, with the
+    """The rows and columns to write: `curated` without the `duplicates` ids (those
+    dedup marks non-canonical, and any a takedown names), with the
     row address (to take `fetched` columns from Lance in the task) and every other
     mapped column, renamed to its MDS name. A caption a sample lacks is ``""`` (it
     trains unconditionally), never null."""

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from etl.config import PrepareConfig
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
 from udfs.images import PREPARED_TYPE, prepare_udf
+from udfs.outcomes import INTERNAL_ERROR
 
-__all__ = ["prepare_images", "accepted_rows", "rejected_rows", "outcome_counts"]
+__all__ = ["prepare_images", "accepted_rows", "rejected_rows", "outcome_counts",
+           "failure_examples"]
 
 
 def prepare_images(ingested: DataFrame, opts: PrepareConfig) -> DataFrame:
@@ -64,6 +68,28 @@ def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
 
 def outcome_counts(prepared: DataFrame) -> DataFrame:
     """Counts by (source, stage, status, reason, filter_reason): the run's accounting,
-    as data. `filter_reason` is set on accepted rows a light filter flagged."""
+    as data. `filter_reason` is set on accepted rows a light filter flagged. Each group
+    of failed rows also carries an `example`: the key and detail of one of its rows (the
+    smallest key, so the same input gives the same example)."""
     filter_reason = F.col("prepared.filter_reason").alias("filter_reason")
-    return prepared.groupBy("source", "stage", "status", "reason", filter_reason).count()
+    example = F.min(F.when(
+        F.col("status") != "ok",
+        F.struct(F.col("source_key").alias("key"), F.col("detail").alias("detail")),
+    )).alias("example")
+    return prepared.groupBy("source", "stage", "status", "reason", filter_reason).agg(
+        F.count(F.lit(1)).alias("count"), example
+    )
+
+
+def failure_examples(outcome: Sequence[Mapping], n: int) -> tuple[str, ...]:
+    """Up to `n` example failures from collected :func:`outcome_counts` rows, internal
+    errors first, then the commonest reasons: ``source key: stage reason: detail``."""
+    failed = [r for r in outcome if r["status"] != "ok" and r["example"] is not None]
+    failed.sort(key=lambda r: (r["reason"] != INTERNAL_ERROR, -r["count"], r["source"],
+                               r["reason"] or ""))
+    out = []
+    for r in failed[:n]:
+        ex = r["example"]
+        detail = f": {ex['detail']}" if ex["detail"] else ""
+        out.append(f"{r['source']} {ex['key']}: {r['stage']} {r['reason']}{detail}")
+    return tuple(out)

@@ -1,24 +1,62 @@
-"""Delta sinks of the bronze layer, all written idempotently with MERGE:
+"""Delta sinks of the bronze layer and beside it, all written idempotently:
 
 * ``rejects`` -- one row per record that did not make it, and why;
-* ``samples`` -- the manifest: one row per source record (accepted or rejected);
-* ``accounting`` -- per run and source, records by outcome and reason.
+* ``manifest`` -- one row per source record (accepted, rejected or removed);
+* ``accounting`` -- per run and source, records by outcome and reason;
+* ``dedup`` -- the duplicate assignments a dedup plan changed;
+* ``takedowns`` -- takedown requests, what they matched, when applied and purged.
+
+A table written by an older lakeshard gains the columns a schema has since added
+(nullable, by ``ALTER TABLE ... ADD COLUMNS``: a metadata-only change) on its next write.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from etl.schema import ACCOUNTING_SCHEMA, MANIFEST_SCHEMA, REJECTS_SCHEMA
+from etl.schema import (
+    ACCOUNTING_SCHEMA,
+    MANIFEST_SCHEMA,
+    REJECTS_SCHEMA,
+    REMOVED,
+    TAKEDOWNS_SCHEMA,
+)
 
-__all__ = ["merge_rejects", "merge_manifest", "merge_accounting", "read_delta"]
+__all__ = [
+    "merge_rejects",
+    "merge_manifest",
+    "merge_accounting",
+    "read_delta",
+    "delete_rejects",
+    "mark_removed",
+    "merge_dedup",
+    "set_properties",
+    "record_takedowns",
+    "update_takedowns",
+    "mark_takedowns_applied",
+]
+
+# Manifest columns a takedown clears: what the source said about the record. Its ids,
+# references and hashes stay, so that it is recognised (and refused) if it comes back.
+_SCRUBBED = ("caption_original", "license", "metadata_json", "upstream_quality",
+             "upstream_nsfw", "upstream_watermark", "upstream_pii")
 
 
 def _ensure(spark: SparkSession, path: str, schema: StructType) -> None:
+    """The table exists, with every column of `schema` (missing ones added as nullable)."""
     from delta.tables import DeltaTable
 
     DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute()
+    have = set(DeltaTable.forPath(spark, path).toDF().columns)
+    missing = [f for f in schema.fields if f.name not in have]
+    if missing:
+        cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({cols})")
 
 
 def read_delta(spark: SparkSession, path: str) -> DataFrame | None:
@@ -55,8 +93,8 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str) -> None:
 
 def merge_manifest(spark: SparkSession, records: DataFrame, path: str) -> None:
     """Upsert manifest rows on sample_id: new records inserted, records that were
-    reprocessed (changed fingerprint, transient failure retried) updated. Records
-    not in `records` -- everything unchanged -- are not touched."""
+    reprocessed (changed fingerprint, transient failure retried, back after a removal)
+    updated. Records not in `records` -- everything unchanged -- are not touched."""
     from delta.tables import DeltaTable
 
     _ensure(spark, path, MANIFEST_SCHEMA)
@@ -87,3 +125,121 @@ def merge_accounting(spark: SparkSession, rows: DataFrame, path: str) -> None:
         .whenNotMatchedInsertAll()
         .execute()
     )
+
+
+def delete_rejects(spark: SparkSession, ids: DataFrame, path: str) -> None:
+    """Delete every rejects row of the ``sample_id`` s in `ids` (all copies)."""
+    from delta.tables import DeltaTable
+
+    if not DeltaTable.isDeltaTable(spark, path):
+        return
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(ids.select("sample_id").distinct().alias("s"), "t.sample_id = s.sample_id")
+        .whenMatchedDelete()
+        .execute()
+    )
+
+
+def mark_removed(spark: SparkSession, removed: DataFrame, path: str, *, run_id: str,
+                 removed_at: datetime) -> None:
+    """Manifest rows of `removed` (``sample_id``, ``reason``) become ``removed``.
+
+    ``stage`` says which table the record left (``curated`` if it had been accepted,
+    ``rejects`` if rejected). A takedown (reason ``taken_down``) also clears what the
+    source said about it (caption, licence, metadata, upstream flags) and applies to a
+    record already removed from its source; a source removal touches only live rows."""
+    from delta.tables import DeltaTable
+
+    _ensure(spark, path, MANIFEST_SCHEMA)
+    left = (
+        "CASE WHEN t.status = 'accepted' THEN 'curated' "
+        "WHEN t.status = 'rejected' THEN 'rejects' ELSE t.stage END"
+    )
+    common = {
+        "status": F.lit(REMOVED), "stage": F.expr(left), "reason": F.col("s.reason"),
+        "run_id": F.lit(run_id), "removed_at": F.lit(removed_at),
+    }
+    scrub = {c: F.lit(None) for c in _SCRUBBED}
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(removed.select("sample_id", "reason").distinct().alias("s"),
+               "t.sample_id = s.sample_id")
+        .whenMatchedUpdate(condition="s.reason = 'taken_down'", set={**common, **scrub})
+        .whenMatchedUpdate(condition=f"t.status != '{REMOVED}'", set=common)
+        .execute()
+    )
+
+
+def merge_dedup(spark: SparkSession, path: str, changes: DataFrame, removed: DataFrame,
+                columns: Iterable[str]) -> None:
+    """Apply a dedup plan: upsert `changes` (rows whose assignment changed), delete the
+    ``sample_id`` s in `removed` (rows gone from the curated table)."""
+    from delta.tables import DeltaTable
+
+    source = changes.withColumn("_op", F.lit("upsert")).unionByName(
+        removed.withColumn("_op", F.lit("delete")), allowMissingColumns=True
+    )
+    cols = {c: f"s.{c}" for c in columns}
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(source.alias("s"), "t.sample_id = s.sample_id")
+        .whenMatchedDelete(condition="s._op = 'delete'")
+        .whenMatchedUpdate(condition="s._op = 'upsert'", set=cols)
+        .whenNotMatchedInsert(condition="s._op = 'upsert'", values=cols)
+        .execute()
+    )
+
+
+def set_properties(spark: SparkSession, path: str, props: Mapping[str, str]) -> None:
+    """Set Delta table properties (one metadata commit)."""
+    settings = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
+
+
+def record_takedowns(spark: SparkSession, rows: DataFrame, path: str) -> None:
+    """Insert takedown rows not yet recorded (keyed by request, kind, value, origin and
+    matched record): recording the same request again adds nothing."""
+    from delta.tables import DeltaTable
+
+    _ensure(spark, path, TAKEDOWNS_SCHEMA)
+    (
+        DeltaTable.forPath(spark, path)
+        .alias("t")
+        .merge(
+            rows.select(*TAKEDOWNS_SCHEMA.fieldNames()).alias("s"),
+            "t.request_id = s.request_id AND t.kind = s.kind AND t.value = s.value "
+            "AND t.origin = s.origin AND t.sample_id <=> s.sample_id",
+        )
+        .whenNotMatchedInsertAll()
+        .execute()
+    )
+
+
+def update_takedowns(spark: SparkSession, path: str, condition: str,
+                     values: Mapping[str, object]) -> None:
+    """Set `values` (column -> Python value) on the takedown rows matching `condition`."""
+    from delta.tables import DeltaTable
+
+    DeltaTable.forPath(spark, path).update(
+        condition, {k: F.lit(v) if v is not None else F.lit(None) for k, v in values.items()}
+    )
+
+
+def mark_takedowns_applied(spark: SparkSession, path: str, *, now: datetime,
+                           purge_version: int | None, purge_after: datetime | None,
+                           purged: bool, oldest_version: int | None = None) -> None:
+    """Every request not yet applied is applied now, with when its bytes are (or will be)
+    gone; and requests whose purge version is now the oldest version left or older are
+    purged."""
+    update_takedowns(spark, path, "applied_at IS NULL", {
+        "applied_at": now, "purge_version": purge_version,
+        "purge_after": purge_after or now, "purged_at": now if purged else None,
+    })
+    if oldest_version is not None:
+        update_takedowns(spark, path,
+                         f"purged_at IS NULL AND purge_version <= {int(oldest_version)}",
+                         {"purged_at": now})

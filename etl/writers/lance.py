@@ -52,7 +52,10 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-__all__ = ["LanceDataSource", "table_version", "delete_rows", "FRAGMENT_ID", "ROW_ADDRESS"]
+__all__ = [
+    "LanceDataSource", "table_version", "delete_rows", "deleted_per_fragment", "FRAGMENT_ID",
+    "ROW_ADDRESS",
+]
 
 # Read option ``fragment_id``: adds this int column (the Lance fragment each row lives in),
 # which :func:`etl.writers.lance_columns.write_columns` uses to route values home.
@@ -286,11 +289,27 @@ def _append_schema(path: str, given: pa.Schema) -> pa.Schema:
     return pa.schema([table.field(n) for n in given.names])
 
 
-def delete_rows(path: str, sample_ids: list[str], *, chunk: int = 1000) -> int:
-    """Delete the rows of `sample_ids` from the Lance table at `path` (deletion files,
-    no data rewrite); one table version per `chunk` ids. Returns how many were given."""
+def delete_rows(path: str, sample_ids: list[str]) -> int:
+    """Delete the rows of `sample_ids` from the Lance table at `path` in one version
+    (deletion files: no data file is rewritten, see
+    :func:`etl.lakehouse.maintenance.materialize_deletions` for that). Returns how many
+    rows were deleted; ids the table does not hold are ignored (callers pass ids it
+    holds: Lance writes a version even when none matches)."""
+    if not sample_ids:
+        return 0
+    ids = pa.table({"sample_id": pa.array(sorted(set(sample_ids)), pa.string())})
     ds = _dataset(path)
-    for i in range(0, len(sample_ids), chunk):
-        quoted = ", ".join("'" + s.replace("'", "''") + "'" for s in sample_ids[i:i + chunk])
-        ds.delete(f"sample_id IN ({quoted})")
-    return len(sample_ids)
+    # merge_insert joins the ids against the table (its sample_id index when there is
+    # one), however many there are: one transaction, not one predicate per chunk.
+    stats = ds.merge_insert("sample_id").when_matched_delete().execute(ids)
+    return int(stats["num_deleted_rows"])
+
+
+def deleted_per_fragment(path: str) -> dict[int, int]:
+    """Fragment id -> rows its deletion file marks deleted (0: none), from the table's
+    metadata alone: what a delete touched is the difference of two of these."""
+    return {
+        f.fragment_id: (f.metadata.deletion_file.num_deleted_rows
+                        if f.metadata.deletion_file is not None else 0)
+        for f in _dataset(path).get_fragments()
+    }

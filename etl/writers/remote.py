@@ -170,18 +170,25 @@ def filesystem(path: str):
 
 
 def write_file(path: str, data: bytes) -> None:
-    """Write `data` to `path` (local or ``s3://``), creating local parent folders."""
+    """Write `data` to `path` (local or ``s3://``), creating local parent folders. An
+    ``s3://`` object goes through boto3 (standard retries on throttling and 5xx): the AWS
+    C++ SDK under pyarrow gave up on a throttled GetObject mid-stream in the tests."""
+    if is_url(path):
+        S3Store(path).put_bytes("", data)
+        return
     fs, inner = filesystem(path)
-    if not is_url(path):
-        fs.create_dir(os.path.dirname(inner), recursive=True)
+    fs.create_dir(os.path.dirname(inner), recursive=True)
     with fs.open_output_stream(inner) as f:
         f.write(data)
 
 
 def read_file(path: str) -> bytes | None:
-    """The bytes at `path` (local or ``s3://``), None when there is no such file."""
+    """The bytes at `path` (local or ``s3://``, as :func:`write_file`), None when there is
+    no such file."""
     import pyarrow.fs as pafs
 
+    if is_url(path):
+        return S3Store(path).get_bytes("")
     fs, inner = filesystem(path)
     if fs.get_file_info(inner).type != pafs.FileType.File:
         return None
