@@ -108,7 +108,8 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     if not exp.include_duplicates:
         duplicates = tables.non_canonical_ids(spark, cfg, table.version)
     dedup_manifest: dict = {"include_duplicates": exp.include_duplicates}
-    memo = memo_inputs = None
+    memo = _read_memo(cfg, name) or {}
+    memo_inputs = None
     if duplicates is not None:
         # Non-canonical duplicates stay in the table; the export leaves them out.
         # What was left out, as content (not as a Delta version): an unchanged dedup
@@ -116,8 +117,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         # excluded_duplicates: rows matching `where` left out (verify-export subtracts it).
         memo_inputs = {"table_version": table.version, "where": exp.where,
                        "dedup_version": tables.delta_version(spark, tables.layout(cfg).dedup)}
-        memo = _read_memo(cfg, name)
-        if memo is not None and memo.get("inputs") == memo_inputs:
+        if memo.get("inputs") == memo_inputs:
             # The same table versions: the same figures, without reading either table.
             expected, excluded, fingerprint = (
                 memo["expected"], memo["excluded_duplicates"], memo["duplicates_fingerprint"])
@@ -132,7 +132,14 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     after_dedup = expected  # what the memo keeps: takedowns are applied afresh each time
     # Removals: rows that left the table, and (normally none) rows a takedown names that
     # are still in it because a run died before deleting them.
-    removals = _removals(spark, cfg)
+    # The removal figures as of the manifest's version: the same version, the same
+    # figures (from the memo, without a Spark job over the manifest).
+    manifest_version = tables.delta_version(spark, tables.layout(cfg).manifest)
+    if manifest_version is not None and memo.get("manifest_version") == manifest_version:
+        removals = dict(memo["removals"])
+    else:
+        removals = _removals(spark, cfg)
+    memo_removals = dict(removals)
     taken_down = _taken_down(spark, cfg)
     left_out = duplicates
     if taken_down is not None and not taken_down.isEmpty():
@@ -174,10 +181,12 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
             f"export {name!r} has {result.samples} samples, the table has {expected} "
             f"matching {exp.where!r}"
         )
-    if memo_inputs is not None and (memo or {}).get("inputs") != memo_inputs:
-        _write_memo(cfg, name, {"inputs": memo_inputs, "expected": after_dedup,
-                                **{k: dedup_manifest[k] for k in (
-                                    "excluded_duplicates", "duplicates_fingerprint")}})
+    new_memo = {"inputs": memo_inputs, "expected": after_dedup,
+                "manifest_version": manifest_version, "removals": memo_removals,
+                **{k: dedup_manifest.get(k) for k in (
+                    "excluded_duplicates", "duplicates_fingerprint")}}
+    if new_memo != memo:
+        _write_memo(cfg, name, new_memo)
     return result
 
 
@@ -187,9 +196,10 @@ def _memo_path(cfg: Config, name: str) -> str:
 
 def _read_memo(cfg: Config, name: str) -> dict | None:
     """What the last export of `name` counted from the dedup table (rows exported,
-    duplicates left out, their fingerprint), and at which curated and dedup table
-    versions: a Delta version pins its content, so the same versions give the same
-    figures and a rerun needs no Spark job to know its export key."""
+    duplicates left out, their fingerprint) and from the manifest (rows removed), and at
+    which curated, dedup and manifest versions: a Delta version pins its content, so the
+    same versions give the same figures and a rerun needs no Spark job to know its
+    export key."""
     body = read_file(_memo_path(cfg, name))
     return None if body is None else json.loads(body)
 
