@@ -1,16 +1,24 @@
-"""The run ledger: a Delta table `<root>/delta/runs`, one row per run and stage
-(and per table-changing command: `caption`, `dedup`, `latents`, `compact`, ...).
+"""The run ledger: a Delta table `<root>/delta/runs` of events, append-only, about
+every run and its stages (and every table-changing command: `caption`, `dedup`,
+`latents`, `compact`, ...).
 
-Rows are MERGEd on ``(run_id, stage)``: a stage's row is written ``running`` when it
-starts and updated when it ends, so a run killed midway leaves ``running`` rows; the
-next run, taking over the crashed run's stale lock, marks them ``crashed``. The row with
-``stage = "run"`` covers the whole run (its report path is in ``note``).
+A stage's ``running`` event is appended when it starts and its ``ok``/``failed`` event
+when it ends (each with the whole row: counts, versions, timing); the latest event of a
+``(run_id, stage)`` (by ``recorded_at``) is its status -- :func:`etl.tables.latest_runs`,
+the ``runs`` SQL view. A run killed midway leaves ``running`` as the latest status; the
+next run, taking over the crashed run's stale lock, appends ``crashed`` events for
+them. The row with ``stage = "run"`` covers the whole run (its report path in ``note``).
+
+Events are appended with delta-rs, in this process: one small commit per transition,
+no Spark job and no MERGE, so a run's bookkeeping costs milliseconds however long the
+ledger grows. Spark reads the table like any other.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import subprocess
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -18,10 +26,16 @@ from pathlib import Path
 
 from pyspark.sql import Row, SparkSession
 
+from etl import tables
 from etl.config import Config
 from etl.schema import RUNS_SCHEMA
 
-__all__ = ["config_hash", "code_version", "record", "mark_crashed", "recent_runs", "utcnow"]
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "config_hash", "code_version", "arrow_schema", "append", "record", "mark_crashed",
+    "recent_runs", "utcnow",
+]
 
 
 def utcnow() -> datetime:
@@ -58,64 +72,104 @@ def code_version() -> str:
     return ver
 
 
-def _row(values: dict) -> Row:
-    return Row(**{f.name: values.get(f.name) for f in RUNS_SCHEMA.fields})
+def _arrow_type(dtype):
+    import pyarrow as pa
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.MapType):
+        return pa.map_(_arrow_type(dtype.keyType), _arrow_type(dtype.valueType))
+    return {
+        T.StringType: pa.string(), T.DoubleType: pa.float64(), T.LongType: pa.int64(),
+        T.TimestampType: pa.timestamp("us", tz="UTC"),
+    }[type(dtype)]
 
 
-def _ensure(spark: SparkSession, path: str):
-    from delta.tables import DeltaTable
+@lru_cache(maxsize=1)
+def arrow_schema():
+    """RUNS_SCHEMA as Arrow (how delta-rs appends events; Spark reads them back as
+    RUNS_SCHEMA)."""
+    import pyarrow as pa
 
-    DeltaTable.createIfNotExists(spark).location(path).addColumns(RUNS_SCHEMA).execute()
-    return DeltaTable.forPath(spark, path)
+    return pa.schema([pa.field(f.name, _arrow_type(f.dataType), f.nullable)
+                      for f in RUNS_SCHEMA.fields])
 
 
-def record(spark: SparkSession, path: str, rows: list[dict]) -> None:
-    """Insert or update ledger rows, keyed by (run_id, stage)."""
-    from delta.tables import DeltaTable
+def _utc(value):
+    # The ledger's timestamps are naive UTC (utcnow); Arrow needs them marked so.
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def _event(values: dict, recorded_at: datetime) -> dict:
+    row = {f.name: _utc(values.get(f.name)) for f in RUNS_SCHEMA.fields}
+    row["recorded_at"] = _utc(recorded_at)
+    for key in ("inputs", "outputs", "table_versions"):
+        if row[key] is not None:
+            row[key] = list(row[key].items())
+    return row
+
+
+def append(path: str, rows: list[dict], spark: SparkSession | None = None) -> None:
+    """Append ledger events: one small Delta commit, written by delta-rs (no Spark
+    job); creates the table on the first call. A table with a feature delta-rs cannot
+    write (one Spark created with settings of its own) is appended to by `spark`."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from deltalake.exceptions import DeltaError
 
     keys = [(r["run_id"], r["stage"]) for r in rows]
     if len(set(keys)) != len(keys):
         raise ValueError(f"ledger rows repeat a (run_id, stage): {keys}")
-    new_table = not DeltaTable.isDeltaTable(spark, path)
-    table = _ensure(spark, path)
-    source = spark.createDataFrame([_row(r) for r in rows], RUNS_SCHEMA)
-    if new_table:
-        # Nothing to match yet: a plain append is the same rows, and about half the
-        # cost of a first MERGE in a fresh JVM (measured 7.7 s vs 13.5 s locally).
-        source.write.format("delta").mode("append").save(path)
-        return
-    (
-        table.alias("t")
-        .merge(source.alias("s"), "t.run_id = s.run_id AND t.stage = s.stage")
-        .whenMatchedUpdateAll()
-        .whenNotMatchedInsertAll()
-        .execute()
-    )
+    now = utcnow()
+    data = pa.Table.from_pylist([_event(r, now) for r in rows], schema=arrow_schema())
+    try:
+        table = tables.delta_rs_table(path, write=True)
+        write_deltalake(table or tables.object_url(path), data, mode="append",
+                        storage_options=None if table else tables.delta_rs_storage(
+                            path, write=True))
+    except DeltaError as exc:
+        if spark is None or not tables.delta_rs_unsupported(exc):
+            raise
+        log.info("ledger %s: a table feature delta-rs does not write (%s): appending "
+                 "with Spark", path, exc)
+        events = [Row(**{f.name: {**r, "recorded_at": now}.get(f.name)
+                         for f in RUNS_SCHEMA.fields}) for r in rows]
+        spark.createDataFrame(events, RUNS_SCHEMA).write.format("delta").mode(
+            "append").save(path)
+
+
+def record(spark: SparkSession | None, path: str, rows: list[dict]) -> None:
+    """Record ledger rows: each is an event appended to the table; the latest event of
+    a ``(run_id, stage)`` is its status (:func:`etl.tables.latest_runs`). `spark` is
+    only used for a table delta-rs cannot write."""
+    append(path, rows, spark)
 
 
 def mark_crashed(spark: SparkSession, path: str, run_id: str, note: str) -> int:
-    """Rows of `run_id` still `running` become `crashed`; returns how many."""
-    from delta.tables import DeltaTable
-    from pyspark.sql import functions as F
+    """Stages of `run_id` whose latest status is `running` get a `crashed` event;
+    returns how many."""
 
-    if not DeltaTable.isDeltaTable(spark, path):
+    latest = tables.read_runs(spark, path)
+    if latest is None:
         return 0
-    table = DeltaTable.forPath(spark, path)
-    cond = (F.col("run_id") == run_id) & (F.col("status") == "running")
-    n = table.toDF().where(cond).count()
-    if n:
-        table.update(cond, {"status": F.lit("crashed"), "note": F.lit(note)})
-    return n
+    stale = latest.where((latest.run_id == run_id) & (latest.status == "running")).collect()
+    if stale:
+        ended = utcnow()
+        append(path, [{**r.asDict(), "status": "crashed", "note": note, "ended_at": ended}
+                      for r in stale], spark)
+    return len(stale)
 
 
 def recent_runs(spark: SparkSession, path: str, limit: int = 10) -> list[Row]:
-    """Rows of the `limit` most recent runs, newest run first, its stages in order."""
-    from delta.tables import DeltaTable
+    """The latest status of every stage of the `limit` most recent runs, newest run
+    first, its stages in order."""
     from pyspark.sql import functions as F
 
-    if not DeltaTable.isDeltaTable(spark, path):
+
+    df = tables.read_runs(spark, path)
+    if df is None:
         return []
-    df = spark.read.format("delta").load(path)
     runs = (
         df.where(F.col("stage") == "run").orderBy(F.col("started_at").desc()).limit(limit)
         .select("run_id")
@@ -124,5 +178,6 @@ def recent_runs(spark: SparkSession, path: str, limit: int = 10) -> list[Row]:
         df.join(runs, "run_id")
         .orderBy(F.col("run_id").desc(), (F.col("stage") != "run").cast("int"),
                  "started_at")
+        .drop("recorded_at")
         .collect()
     )

@@ -12,6 +12,13 @@ Layout 1 (lakeshard up to 0.1.0, before the architecture refactor) -> layout 2:
 * the bronze manifest moves from ``<root>/delta/samples`` to ``<root>/delta/manifest``
   (a directory rename: Delta's log refers to its files relative to the table).
 
+Layout 2 -> layout 3:
+
+* the run ledger ``<root>/delta/runs`` becomes an append-only event table: it gains a
+  ``recorded_at`` column (a metadata-only Delta commit: ``ADD COLUMNS``). Its rows, one
+  per run and stage as the MERGE-era ledger left them, keep a null ``recorded_at`` and
+  stay each key's status until an event is appended for that key.
+
 Each step checks what is there, so a migration interrupted half-way finishes on the
 next run. ``<root>/_lakeshard/layout.json`` records the layout once every step is done;
 with it, a run pays one small read and nothing else -- on a local root or on S3 alike
@@ -32,7 +39,7 @@ __all__ = ["LAYOUT_VERSION", "CURATED_RENAMES", "migrate"]
 
 log = logging.getLogger(__name__)
 
-LAYOUT_VERSION = 2
+LAYOUT_VERSION = 3
 # Old curated column -> new name.
 CURATED_RENAMES = {
     "phash": "dhash",
@@ -105,6 +112,15 @@ def _move_manifest(spark, cfg: Config) -> str | None:
     return f"manifest: moved {old} -> {paths.manifest}"
 
 
+def _ledger_events(spark, cfg: Config) -> str | None:
+    path = tables.layout(cfg).runs
+    table = tables.read_delta(spark, path)
+    if table is None or "recorded_at" in table.columns:
+        return None
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (recorded_at TIMESTAMP)")
+    return "runs: the ledger is append-only (added recorded_at)"
+
+
 def migrate(spark, cfg: Config) -> list[str]:
     """Migrate the tables under `cfg`'s root to the current layout; returns what was
     done (empty when nothing was needed). Call it holding the run lock."""
@@ -115,6 +131,7 @@ def migrate(spark, cfg: Config) -> list[str]:
             _rename_curated_columns(cfg),
             _rename_dedup_column(spark, cfg),
             _move_manifest(spark, cfg),
+            _ledger_events(spark, cfg),
         ) if step
     ]
     for step in done:

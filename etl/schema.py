@@ -141,6 +141,9 @@ RUNS_SCHEMA = T.StructType(
         T.StructField("table_versions", _COUNTS, True),
         T.StructField("export_manifests", T.StringType(), True),  # JSON
         T.StructField("note", T.StringType(), True),
+        # When the event was appended (the ledger is append-only: the latest event of a
+        # (run_id, stage) is its status). Null on rows a MERGE-era ledger wrote.
+        T.StructField("recorded_at", T.TimestampType(), True),
     ]
 )
 

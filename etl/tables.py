@@ -8,7 +8,7 @@ to open it (or fail saying which command creates it).
     <root>/delta/rejects                     records that did not make it, and why
     <root>/delta/accounting                  per run and source: records by outcome
     <root>/delta/dedup                       duplicate clusters of the curated rows
-    <root>/delta/runs                        the run ledger
+    <root>/delta/runs                        the run ledger (append-only events)
     <root>/delta/takedowns                   takedown requests and what they matched
     <root>/mds/<export>/                     MDS exports
     <root>/reports/<run_id>/                 run reports
@@ -55,6 +55,11 @@ __all__ = [
     "open_curated",
     "read_delta",
     "delta_version",
+    "delta_rs_table",
+    "delta_rs_storage",
+    "delta_rs_unsupported",
+    "latest_runs",
+    "read_runs",
     "dedup_state",
     "dedup_params",
     "DedupCoverage",
@@ -249,24 +254,103 @@ def read_delta(spark, path: str):
     return spark.read.format("delta").load(path)
 
 
+def delta_rs_table(path: str, *, write: bool = False):
+    """The Delta table at `path` opened with delta-rs (no Spark job: its log is read in
+    this process), or None if there is none. On an object store, `write` lets delta-rs
+    commit with a plain PUT: only the run lock's holder writes a lakeshard table, the
+    same single-writer guarantee Spark's S3 log store relies on."""
+    from deltalake import DeltaTable
+
+    url = object_url(path)
+    opts = delta_rs_storage(path, write=write)
+    if not DeltaTable.is_deltatable(url, storage_options=opts):
+        return None
+    return DeltaTable(url, storage_options=opts)
+
+
+def delta_rs_storage(path: str, *, write: bool = False) -> dict[str, str] | None:
+    """delta-rs's storage options for `path` (see :func:`delta_rs_table`); the rest of
+    its S3 settings come from the environment :func:`use_storage` set."""
+    if write and is_url(object_url(path)):
+        return {"AWS_S3_ALLOW_UNSAFE_RENAME": "true"}
+    return None
+
+
+def delta_rs_unsupported(exc: Exception) -> bool:
+    """Whether `exc` is delta-rs refusing a table for a protocol feature it does not
+    implement (a table Spark created with settings of its own), as opposed to a
+    failure of the read or commit itself."""
+    from deltalake.exceptions import DeltaError, DeltaProtocolError
+
+    return isinstance(exc, DeltaProtocolError) or (
+        isinstance(exc, DeltaError) and "Unsupported table features" in str(exc))
+
+
+def _delta_metadata(spark, path: str) -> tuple[int, dict[str, str]] | None:
+    """(latest version, table properties) of the Delta table at `path`, None if there
+    is none: read from its log by delta-rs, without a Spark job. A table using a
+    feature delta-rs does not read (Spark wrote it with settings of its own) is asked
+    through Spark instead."""
+    from deltalake.exceptions import DeltaError
+
+    try:
+        table = delta_rs_table(path)
+        if table is None:
+            return None
+        return table.version(), dict(table.metadata().configuration or {})
+    except DeltaError as exc:
+        if not delta_rs_unsupported(exc):
+            raise
+        from delta.tables import DeltaTable
+
+        if not DeltaTable.isDeltaTable(spark, path):
+            return None
+        table = DeltaTable.forPath(spark, path)
+        version = table.history(1).select("version").first()[0]
+        return version, dict(table.detail().select("properties").first()[0] or {})
+
+
 def delta_version(spark, path: str) -> int | None:
     """The latest version of the Delta table at `path`, None if there is none."""
-    from delta.tables import DeltaTable
+    meta = _delta_metadata(spark, path)
+    return None if meta is None else meta[0]
 
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    return DeltaTable.forPath(spark, path).history(1).select("version").first()[0]
+
+def latest_runs(events):
+    """The run ledger's status table from its events: the latest event of each
+    ``(run_id, stage)`` (the last appended; rows a MERGE-era ledger wrote have no
+    ``recorded_at`` and one row per key). A DataFrame in, a DataFrame out."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if "recorded_at" not in events.columns:  # a ledger not migrated yet (read-only use)
+        events = events.withColumn("recorded_at", F.lit(None).cast("timestamp"))
+    order = Window.partitionBy("run_id", "stage").orderBy(
+        F.col("recorded_at").desc_nulls_last(),
+        (F.col("status") != "running").cast("int").desc(),  # a tie: the outcome wins
+    )
+    return (
+        events.withColumn("_latest", F.row_number().over(order))
+        .where("_latest = 1").drop("_latest")
+    )
+
+
+def read_runs(spark, path: str, *, latest: bool = True):
+    """The run ledger at `path`: the latest status of every run and stage (or, with
+    ``latest=False``, every event), or None when no run was recorded yet."""
+    events = read_delta(spark, path)
+    if events is None or not latest:
+        return events
+    return latest_runs(events)
 
 
 def dedup_state(spark, cfg: Config) -> dict[str, str] | None:
-    """The dedup table's lakeshard properties, or None when dedup never ran."""
-    from delta.tables import DeltaTable
-
-    path = layout(cfg).dedup
-    if not DeltaTable.isDeltaTable(spark, path):
+    """The dedup table's lakeshard properties, or None when dedup never ran (read from
+    the table's log: no Spark job)."""
+    meta = _delta_metadata(spark, layout(cfg).dedup)
+    if meta is None:
         return None
-    props = DeltaTable.forPath(spark, path).detail().select("properties").first()[0] or {}
-    return {k: v for k, v in props.items() if k.startswith("lakeshard.")}
+    return {k: v for k, v in meta[1].items() if k.startswith("lakeshard.")}
 
 
 def dedup_params(cfg: Config) -> str:

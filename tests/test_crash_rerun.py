@@ -131,8 +131,11 @@ def test_killed_runs_then_a_plain_rerun_match_an_uninterrupted_run(spark, tmp_pa
     assert got["manifest"] == expected["manifest"]
     assert got["leftovers"] == []                   # no staging folders left behind
 
-    # The ledger: the four killed runs are `crashed`, the last one `ok`.
-    ledger = spark.read.format("delta").load(tables.layout(cfg).runs)
+    # The ledger: the four killed runs are `crashed`, the last one `ok` (latest status
+    # per run and stage; the `running` events before each kill stay in the event log).
+    events = tables.read_runs(spark, tables.layout(cfg).runs, latest=False)
+    ledger = tables.latest_runs(events)
     runs = {r.run_id: r.status for r in ledger.where("stage = 'run'").collect()}
     assert sorted(runs.values()) == ["crashed"] * len(KILL_POINTS) + ["ok"]
     assert ledger.where("status = 'running'").count() == 0
+    assert events.where("stage = 'run' AND status = 'running'").count() == len(runs)

@@ -321,6 +321,10 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     d2 = run_pipeline(cfg, only=("curate", "dedup")).detail("dedup")
     s2, _ = state()
     assert d2.mode == "incremental" and d2.changed == 0
+    # Decided from the dedup table's properties (curated version, settings, stats): no
+    # table read, the same figures as the run that computed them.
+    assert d2.from_metadata and d2.new_rows == 0
+    assert (d2.counts, d2.clusters, d2.version) == (d.counts, d.clusters, d.version)
     assert {k: r.dup_cluster_id for k, r in s2.items()} == {
         k: r.dup_cluster_id for k, r in s1.items()}
 
@@ -342,3 +346,17 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     assert not s3["new/coffee.jpg"].is_canonical  # same size; the earlier row wins
     assert _exported_ids(tables.layout(cfg).export_dir("train")) == sorted(
         [ids3["new/astronaut_big.png"], ids3["other/coffee.png"]])
+
+    # Nothing changed since: the export's dedup figures come from its memo (the same
+    # curated and dedup versions), so knowing the export is up to date reads no table.
+    again = run_pipeline(cfg, only=("export",), export_names=("train",))
+    assert again.results["export"].note == "up to date"
+    memo = json.loads((tmp_path / "_lakeshard" / "exports" / "train.json").read_text())
+    dedup_rows = spark.read.format("delta").load(tables.layout(cfg).dedup).collect()
+    assert memo["excluded_duplicates"] == sum(not r.is_canonical for r in dedup_rows)
+    assert memo["expected"] == 2
+    assert memo["inputs"]["dedup_version"] == tables.delta_version(
+        spark, tables.layout(cfg).dedup)
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(
+        f"lakeshard-{again.run_id}-export")
+    assert [spark.sparkContext.statusTracker().getJobInfo(j) for j in jobs] == []

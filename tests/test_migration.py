@@ -30,6 +30,7 @@ def legacy_root(tmp_path):
 
 
 def test_a_root_written_by_the_previous_release_is_migrated_and_read(spark, legacy_root):
+    from etl.ledger import recent_runs
     from etl.pipeline.runner import run_pipeline
 
     cfg = make_config(
@@ -48,7 +49,7 @@ def test_a_root_written_by_the_previous_release_is_migrated_and_read(spark, lega
     assert "phash" in next(iter(old_dedup.values()))
 
     out = run_pipeline(cfg, only=("curate", "dedup", "export"))
-    assert [m.split(":")[0] for m in out.migrated] == ["curated", "dedup", "manifest"]
+    assert [m.split(":")[0] for m in out.migrated] == ["curated", "dedup", "manifest", "runs"]
 
     # Curated: columns renamed in place (no data file rewritten), values as they were.
     ds = lance.dataset(paths.curated)
@@ -82,6 +83,13 @@ def test_a_root_written_by_the_previous_release_is_migrated_and_read(spark, lega
     # The export reads the new names: the kept, canonical rows (a/b are one cluster).
     (exp,) = out.detail("export")
     assert exp.samples == 2
+
+    # The old ledger's run is still listed, beside this run's stages.
+    runs = {(r.run_id, r.stage): r.status for r in recent_runs(spark, paths.runs)}
+    assert runs[(out.run_id, "run")] == "ok"
+    old_runs = {k: v for k, v in runs.items() if k[0] != out.run_id}
+    assert old_runs and set(old_runs.values()) <= {"ok", "skipped"}
+    assert {s for _, s in old_runs} == {"run", "curate", "dedup", "caption", "export"}
 
     # Done once: the next run migrates nothing.
     again = run_pipeline(cfg, only=("curate",))

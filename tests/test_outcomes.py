@@ -373,7 +373,7 @@ def test_a_bug_in_prepare_is_internal_error_and_fails_curate_on_its_budget(spark
     assert "the next run retries these rows" in err
 
     paths = tables.layout(cfg)
-    ledger = {r["stage"]: r for r in spark.read.format("delta").load(paths.runs)
+    ledger = {r["stage"]: r for r in tables.read_runs(spark, paths.runs)
               .where("run_id = 'faulted'").collect()}
     assert {k: r["status"] for k, r in ledger.items()} == {
         "run": "failed", "curate": "failed", "dedup": "skipped", "caption": "skipped",
@@ -428,7 +428,7 @@ def test_the_next_run_retries_the_internal_errors(spark, faulted):
     manifest = spark.read.format("delta").load(paths.manifest)
     assert {r["status"] for r in manifest.where("reason IS NULL").collect()} == {"accepted"}
     assert manifest.where("status = 'accepted'").count() == GOOD
-    ledger = {r["stage"]: r["status"] for r in spark.read.format("delta").load(paths.runs)
+    ledger = {r["stage"]: r["status"] for r in tables.read_runs(spark, paths.runs)
               .where("run_id = 'retried'").collect()}
     assert ledger == {"run": "ok", "curate": "ok", "dedup": "skipped", "caption": "skipped",
                       "export": "skipped"}
@@ -495,8 +495,8 @@ def test_a_model_that_always_raises_fails_caption_on_its_budget(spark, faulted,
     from etl.jobs.caption import plan_caption
 
     assert plan_caption(load_config(conf), "broken").todo == GOOD
-    ledger = {r["stage"]: r for r in spark.read.format("delta")
-              .load(tables.layout(cfg).runs).where("run_id = 'raising'").collect()}
+    ledger = {r["stage"]: r for r in tables.read_runs(spark, tables.layout(cfg).runs)
+              .where("run_id = 'raising'").collect()}
     assert (ledger["caption"]["status"], ledger["run"]["status"]) == ("failed", "failed")
     assert "run.budgets.failed_rate.caption" in ledger["caption"]["note"]
     assert ledger["caption"]["outputs"] == {"status:failed": GOOD}

@@ -197,8 +197,8 @@ def test_a_failing_stage_is_recorded_and_releases_the_lock(spark, finished_run):
     with pytest.raises(ConfigError, match="exports.bad.where"):
         run_pipeline(bad, only=("export",), run_id="failing-run")
     assert not os.path.exists(lock_path(cfg))
-    rows = {r["stage"]: r for r in spark.read.format("delta")
-            .load(tables.layout(cfg).runs).where("run_id = 'failing-run'").collect()}
+    rows = {r["stage"]: r for r in tables.read_runs(spark, tables.layout(cfg).runs)
+            .where("run_id = 'failing-run'").collect()}
     assert {k: r["status"] for k, r in rows.items()} == {
         "run": "failed", "export": "failed", "curate": "skipped", "dedup": "skipped",
         "caption": "skipped"}

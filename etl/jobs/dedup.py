@@ -11,6 +11,7 @@ changed (and deletes the rows the curated table no longer has).
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -26,6 +27,10 @@ from etl.writers.delta import merge_dedup, set_properties
 __all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "check"]
 
 log = logging.getLogger(__name__)
+
+# Delta table property: the per-source, per-kind row counts and the cluster count of
+# the table as the last run left it, so that a run with nothing to do reads no table.
+DEDUP_STATS = "lakeshard.dedup.stats"
 
 
 
@@ -59,6 +64,8 @@ class DedupResult:
     removed: int  # rows deleted (gone from the curated table)
     clusters: int  # clusters of 2+ rows in the whole table
     counts: tuple[SourceDedup, ...] = field(default_factory=tuple)
+    # Up to date, decided from the table's properties alone (no table read).
+    from_metadata: bool = False
 
 
 def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) -> DedupResult:
@@ -70,14 +77,16 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
     paths = tables.layout(cfg)
     curated_path, path = paths.curated, paths.dedup
     version = tables.open_curated(cfg).version
+    state = tables.dedup_state(spark, cfg)
+    params = tables.dedup_params(cfg)
+    if not full and (done := _up_to_date(spark, cfg, state, params, version)) is not None:
+        return done
     current = (
         spark.read.format("lance")
         .option("version", str(version))
         .option("columns", ",".join(ROW_COLUMNS))
         .load(curated_path)
     )
-    state = tables.dedup_state(spark, cfg)
-    params = tables.dedup_params(cfg)
     prior = None
     if state is not None:
         prior = spark.read.format("delta").load(path).select(*ASSIGNMENT_COLUMNS)
@@ -96,15 +105,17 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
     sc.setJobDescription("lakeshard dedup: merge Delta dedup")
     if changed or removed:
         merge_dedup(spark, path, plan.changes, plan.removed, ASSIGNMENT_COLUMNS)
-    props = {tables.DEDUP_PARAMS: params, tables.DEDUP_CURATED_VERSION: str(version)}
-    if state is None or any(state.get(k) != v for k, v in props.items()):
-        set_properties(spark, path, props)
-
     sc.setJobDescription("lakeshard dedup: stats")
     table = spark.read.format("delta").load(path)
-    counts = _counts(table, [s.name for s in cfg.sources])
+    by = _by_source(table)
+    counts = _counts(by, [s.name for s in cfg.sources])
     clusters = table.where("cluster_size > 1").select("dup_cluster_id").distinct().count()
     sc.setJobDescription(None)
+    # Last, so that a run killed before this line is not taken for up to date.
+    props = {tables.DEDUP_PARAMS: params, tables.DEDUP_CURATED_VERSION: str(version),
+             DEDUP_STATS: json.dumps({"by": by, "clusters": clusters}, sort_keys=True)}
+    if state is None or any(state.get(k) != v for k, v in props.items()):
+        set_properties(spark, path, props)
     delta_version = tables.delta_version(spark, path)
     return DedupResult(
         path, delta_version, mode, version, plan.new_rows, plan.pairs, plan.rounds,
@@ -112,11 +123,32 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
     )
 
 
-def _counts(table: DataFrame, sources: list[str]) -> tuple[SourceDedup, ...]:
-    rows = table.groupBy("source", "dup_kind").count().collect()
-    by = {}
-    for r in rows:
+def _up_to_date(spark, cfg: Config, state: dict | None, params: str,
+                version: int) -> DedupResult | None:
+    """The result of a run with nothing to do, from the dedup table's properties alone
+    (settings, curated version covered, stats) -- no table is read; None when there is
+    something to do (or the table predates the recorded stats)."""
+    if (state is None or state.get(tables.DEDUP_PARAMS) != params
+            or state.get(tables.DEDUP_CURATED_VERSION) != str(version)
+            or DEDUP_STATS not in state):
+        return None
+    stats = json.loads(state[DEDUP_STATS])
+    path = tables.layout(cfg).dedup
+    return DedupResult(
+        path, tables.delta_version(spark, path), "incremental", version, 0, 0, 0, 0, 0,
+        stats["clusters"], _counts(stats["by"], [s.name for s in cfg.sources]),
+        from_metadata=True,
+    )
+
+
+def _by_source(table: DataFrame) -> dict[str, dict[str, int]]:
+    by: dict[str, dict[str, int]] = {}
+    for r in table.groupBy("source", "dup_kind").count().collect():
         by.setdefault(r["source"], {})[r["dup_kind"]] = r["count"]
+    return by
+
+
+def _counts(by: dict[str, dict[str, int]], sources: list[str]) -> tuple[SourceDedup, ...]:
     names = sources + sorted(set(by) - set(sources))  # sources no longer configured last
     return tuple(
         SourceDedup(

@@ -12,6 +12,8 @@ a takedown names is left out even if a run died before deleting it from the tabl
 
 from __future__ import annotations
 
+import json
+
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -29,6 +31,7 @@ from etl.transforms.export import (
 )
 from etl.writers.lance import ROW_ADDRESS
 from etl.writers.mds import BlobSource, ExportResult, export_mds, mds_encoding, read_manifest
+from etl.writers.remote import read_file, write_file
 
 __all__ = ["export", "stage"]
 
@@ -105,22 +108,38 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     if not exp.include_duplicates:
         duplicates = tables.non_canonical_ids(spark, cfg, table.version)
     dedup_manifest: dict = {"include_duplicates": exp.include_duplicates}
+    memo = _read_memo(cfg, name) or {}
+    memo_inputs = None
     if duplicates is not None:
         # Non-canonical duplicates stay in the table; the export leaves them out.
-        matching = expected
-        expected = read(["sample_id"]).load(curated_path).join(
-            duplicates, "sample_id", "left_anti"
-        ).count()
         # What was left out, as content (not as a Delta version): an unchanged dedup
         # result keeps the export key, so a rerun stays a no-op.
         # excluded_duplicates: rows matching `where` left out (verify-export subtracts it).
-        dedup_manifest.update(
-            excluded_duplicates=matching - expected,
-            duplicates_fingerprint=ids_fingerprint(duplicates),
-        )
+        memo_inputs = {"table_version": table.version, "where": exp.where,
+                       "dedup_version": tables.delta_version(spark, tables.layout(cfg).dedup)}
+        if memo.get("inputs") == memo_inputs:
+            # The same table versions: the same figures, without reading either table.
+            expected, excluded, fingerprint = (
+                memo["expected"], memo["excluded_duplicates"], memo["duplicates_fingerprint"])
+        else:
+            matching = expected
+            expected = read(["sample_id"]).load(curated_path).join(
+                duplicates, "sample_id", "left_anti"
+            ).count()
+            excluded, fingerprint = matching - expected, ids_fingerprint(duplicates)
+        dedup_manifest.update(excluded_duplicates=excluded,
+                              duplicates_fingerprint=fingerprint)
+    after_dedup = expected  # what the memo keeps: takedowns are applied afresh each time
     # Removals: rows that left the table, and (normally none) rows a takedown names that
     # are still in it because a run died before deleting them.
-    removals = _removals(spark, cfg)
+    # The removal figures as of the manifest's version: the same version, the same
+    # figures (from the memo, without a Spark job over the manifest).
+    manifest_version = tables.delta_version(spark, tables.layout(cfg).manifest)
+    if manifest_version is not None and memo.get("manifest_version") == manifest_version:
+        removals = dict(memo["removals"])
+    else:
+        removals = _removals(spark, cfg)
+    memo_removals = dict(removals)
     taken_down = _taken_down(spark, cfg)
     left_out = duplicates
     if taken_down is not None and not taken_down.isEmpty():
@@ -162,7 +181,31 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
             f"export {name!r} has {result.samples} samples, the table has {expected} "
             f"matching {exp.where!r}"
         )
+    new_memo = {"inputs": memo_inputs, "expected": after_dedup,
+                "manifest_version": manifest_version, "removals": memo_removals,
+                **{k: dedup_manifest.get(k) for k in (
+                    "excluded_duplicates", "duplicates_fingerprint")}}
+    if new_memo != memo:
+        _write_memo(cfg, name, new_memo)
     return result
+
+
+def _memo_path(cfg: Config, name: str) -> str:
+    return f"{tables.layout(cfg).meta_dir}/exports/{name}.json"
+
+
+def _read_memo(cfg: Config, name: str) -> dict | None:
+    """What the last export of `name` counted from the dedup table (rows exported,
+    duplicates left out, their fingerprint) and from the manifest (rows removed), and at
+    which curated, dedup and manifest versions: a Delta version pins its content, so the
+    same versions give the same figures and a rerun needs no Spark job to know its
+    export key."""
+    body = read_file(_memo_path(cfg, name))
+    return None if body is None else json.loads(body)
+
+
+def _write_memo(cfg: Config, name: str, memo: dict) -> None:
+    write_file(_memo_path(cfg, name), json.dumps(memo, sort_keys=True).encode())
 
 
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:

@@ -11,7 +11,9 @@
 
 and, once dedup has run, ``dedup`` (one row per sample), ``dup_clusters`` (one row per
 cluster of 2+: size, canonical member, members, sources, kinds) and ``curated`` with
-``dup_cluster_id, is_canonical, dup_kind, cluster_size`` joined in.
+``dup_cluster_id, is_canonical, dup_kind, cluster_size`` joined in; once a run was
+recorded, ``runs`` (the latest status of every run and stage) and ``run_events`` (the
+run ledger as appended: every transition).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from etl import tables
 from etl.config import Config
 from etl.writers.remote import filesystem
 
-__all__ = ["meta_columns", "register_views", "register_dedup_views"]
+__all__ = ["meta_columns", "register_views", "register_dedup_views", "register_ledger_views"]
 
 
 def meta_columns(schema: pa.Schema) -> list[str]:
@@ -71,7 +73,20 @@ def register_views(spark: SparkSession, cfg: Config) -> list[str]:
         ).createOrReplaceTempView(f"{name}_versions")
         names += [name, f"{name}_meta", f"{name}_versions"]
     names += [n for n in register_dedup_views(spark, cfg) if n not in names]
+    names += [n for n in register_ledger_views(spark, cfg) if n not in names]
     return names
+
+
+def register_ledger_views(spark: SparkSession, cfg: Config) -> list[str]:
+    """`runs` (latest status per run and stage) and `run_events` (every event); no-op
+    before the first run."""
+    path = tables.layout(cfg).runs
+    events = tables.read_runs(spark, path, latest=False)
+    if events is None:
+        return []
+    events.createOrReplaceTempView("run_events")
+    tables.latest_runs(events).createOrReplaceTempView("runs")
+    return ["runs", "run_events"]
 
 
 def register_dedup_views(spark: SparkSession, cfg: Config) -> list[str]:

@@ -1,0 +1,207 @@
+"""A nightly run's cost: a first run, a no-op rerun and a 1 % increment, side by side.
+
+Generates `--n` distinct photos (crops of scikit-image's bundled sample photos, resized,
+flipped at random, with Gaussian noise; a candidate whose dHash is within twice the
+dedup threshold of one already kept is drawn again, so no two are near duplicates by
+accident), then, in one process and one Spark session, times three `lakeshard run`s with
+stages curate, dedup, export: the first, the same again on unchanged input, and one
+after adding `--increment` (1 %) new photos. Per run: each stage's seconds and the time
+outside the stages, from the run's own events (``stage_end`` seconds, ``run_end``), and
+the wall time of the call; last, the two ratios (no-op / first, increment / first).
+Spark's start-up is paid once, before the first run, and printed apart.
+
+    .venv/bin/python bench/nightly.py               # 2,000 photos
+    .venv/bin/python bench/nightly.py --n 200       # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+STAGES = ("curate", "dedup", "export")
+# Sample photos bundled with scikit-image (no download).
+PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field",
+          "immunohistochemistry", "camera", "coins", "moon", "page", "text", "horse",
+          "clock", "grass", "gravel", "brick")
+
+
+def _sources() -> list[np.ndarray]:
+    import skimage.data
+
+    out = []
+    for name in PHOTOS:
+        try:
+            img = np.asarray(getattr(skimage.data, name)())
+        except Exception:  # noqa: BLE001 -- a photo this install lacks (needs a download)
+            continue
+        if img.dtype == bool:
+            img = img.astype(np.uint8) * 255
+        if img.ndim == 2:
+            img = np.stack([img] * 3, axis=-1)
+        out.append(img[..., :3].astype(np.uint8))
+    return out
+
+
+def _dhash(img) -> int:
+    """64-bit difference hash of a PIL image (9x8 grayscale, left > right)."""
+    from PIL import Image
+
+    g = np.asarray(img.convert("L").resize((9, 8), Image.Resampling.LANCZOS), dtype=np.int16)
+    bits = (g[:, 1:] > g[:, :-1]).flatten()
+    return int(sum(1 << i for i, b in enumerate(bits) if b))
+
+
+class Photos:
+    """Distinct generated photos written to a folder; `add(k)` writes k more."""
+
+    def __init__(self, folder: Path, seed: int, min_distance: int):
+        self.folder = folder
+        self.rng = np.random.default_rng(seed)
+        self.sources = _sources()
+        self.kept = np.zeros(0, dtype=np.uint64)
+        self.min_distance = min_distance
+        self.count = 0
+        self.redrawn = 0
+        folder.mkdir(parents=True, exist_ok=True)
+
+    def _candidate(self):
+        from PIL import Image
+
+        rng = self.rng
+        src = self.sources[rng.integers(len(self.sources))]
+        h, w = src.shape[:2]
+        ch, cw = int(h * rng.uniform(0.3, 0.7)), int(w * rng.uniform(0.3, 0.7))
+        y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+        crop = src[y:y + ch, x:x + cw].astype(np.float32)
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        crop += rng.normal(0, 6, crop.shape)
+        out = (int(rng.integers(256, 385)), int(rng.integers(256, 385)))
+        return Image.fromarray(np.clip(crop, 0, 255).astype(np.uint8)).resize(out)
+
+    def add(self, k: int) -> None:
+        added = 0
+        while added < k:
+            img = self._candidate()
+            h = np.uint64(_dhash(img))
+            if len(self.kept):
+                dist = np.bitwise_count(self.kept ^ h)
+                if int(dist.min()) <= self.min_distance:
+                    self.redrawn += 1
+                    continue
+            self.kept = np.append(self.kept, h)
+            img.save(self.folder / f"p{self.count:06d}.jpg", quality=90)
+            self.count += 1
+            added += 1
+
+
+class Events(logging.Handler):
+    """The runner's structured events (logger ``lakeshard.events``), kept in memory."""
+
+    def __init__(self):
+        super().__init__(logging.INFO)
+        self.records: list[dict] = []
+
+    def emit(self, record):
+        self.records.append(json.loads(record.getMessage()))
+
+
+def _timed_run(cfg, events: Events, label: str) -> dict:
+    from etl.pipeline.runner import run_pipeline
+
+    events.records.clear()
+    t0 = time.monotonic()
+    out = run_pipeline(cfg, only=STAGES)
+    wall = time.monotonic() - t0
+    ev = events.records
+    stages = {e["stage"]: e["seconds"] for e in ev if e["event"] == "stage_end"}
+    start = next(e["ts"] for e in ev if e["event"] == "run_start")
+    first = next(e["ts"] for e in ev if e["event"] == "stage_start")
+    run_end = next(e for e in ev if e["event"] == "run_end")
+    notes = {e["stage"]: e.get("note") for e in ev if e["event"] == "stage_end"}
+    return {
+        "label": label, "run_id": out.run_id, "wall": wall, "stages": stages, "notes": notes,
+        "outside": wall - sum(stages.values()),
+        "before": first - start, "report": out.seconds.get("report", 0.0),
+        "run_end_seconds": run_end["seconds"],
+        "accepted": out.results["curate"].outputs.get("accepted"),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=2000, help="photos in the first run")
+    ap.add_argument("--increment", type=float, default=0.01, help="fraction added")
+    ap.add_argument("--report", action="store_true", help="also write the HTML report")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", default=None, help="folder for photos and tables (temp)")
+    args = ap.parse_args()
+
+    from etl.config import parse_config
+    from etl.pipeline.preflight import check_config
+    from etl.session import get_spark
+
+    repo = Path(__file__).resolve().parents[1]
+    work = Path(args.work or tempfile.mkdtemp(prefix="nightly-bench-"))
+    raw = {
+        "storage": {"root": str(work / "root")},
+        "spark": {"master": "local[2]", "jars_dir": str(repo / ".jars"), "conf": {
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}},
+        "sources": [{"name": "photos", "kind": "image_folder", "path": str(work / "photos")}],
+        "exports": {"train": {}},
+        "run": {"report": args.report, "progress_interval_s": 0},
+    }
+    cfg = check_config(parse_config(raw))
+
+    t0 = time.monotonic()
+    photos = Photos(work / "photos", args.seed, 2 * cfg.dedup.threshold)
+    photos.add(args.n)
+    print(f"{args.n} photos generated in {time.monotonic() - t0:.1f} s "
+          f"({photos.redrawn} candidates redrawn as near duplicates), under {work}")
+
+    events = Events()
+    logging.getLogger("lakeshard.events").addHandler(events)
+    logging.getLogger("lakeshard.events").setLevel(logging.INFO)
+    t0 = time.monotonic()
+    spark = get_spark(cfg)
+    spark.sparkContext.setLogLevel("ERROR")
+    startup = time.monotonic() - t0
+
+    runs = [_timed_run(cfg, events, "first")]
+    runs.append(_timed_run(cfg, events, "no-op rerun"))
+    added = max(1, round(args.n * args.increment))
+    photos.add(added)
+    runs.append(_timed_run(cfg, events, f"+{added} photos"))
+
+    print(f"\nSpark start-up (once, not in the runs): {startup:.1f} s; {os.cpu_count()} cores; "
+          f"load {os.getloadavg()[0]:.2f}")
+    header = (f"{'run':<14} {'wall s':>7} " + " ".join(f"{s + ' s':>9}" for s in STAGES)
+              + f" {'outside s':>9} {'before s':>8} {'report s':>8} {'accepted':>8}")
+    print(header + "\n" + "-" * len(header))
+    for r in runs:
+        print(f"{r['label']:<14} {r['wall']:>7.1f} "
+              + " ".join(f"{r['stages'].get(s, 0.0):>9.1f}" for s in STAGES)
+              + f" {r['outside']:>9.1f} {r['before']:>8.1f} {r['report']:>8.1f}"
+              f" {r['accepted']!s:>8}")
+    for r in runs[1:]:
+        notes = ", ".join(f"{s}: {n}" for s, n in r["notes"].items() if n)
+        print(f"  {r['label']}: {notes or 'no stage notes'}")
+    first = runs[0]["wall"]
+    print(f"\nno-op rerun / first run : {runs[1]['wall'] / first:.2f}")
+    print(f"increment   / first run : {runs[2]['wall'] / first:.2f}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
