@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -64,3 +65,15 @@ def run_all(cfg, *, stages=(), export_names=None):
 
     out = run_pipeline(cfg, only=tuple(stages), export_names=export_names)
     return out.run_id, out.detail("curate"), out.detail("export") or []
+
+
+def files_holding(path, needle: bytes) -> list[str]:
+    """The files under `path` (relative paths) whose bytes contain `needle`: where a
+    removed image's bytes still are."""
+    hits = []
+    for dp, _, fs in os.walk(path):
+        for f in fs:
+            with open(os.path.join(dp, f), "rb") as fh:
+                if needle in fh.read():
+                    hits.append(os.path.relpath(os.path.join(dp, f), path))
+    return hits

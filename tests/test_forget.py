@@ -15,7 +15,7 @@ from datetime import datetime
 import lance
 import pytest
 import yaml
-from conftest import JARS_DIR, make_config
+from conftest import JARS_DIR, files_holding, make_config
 from httpserver import Server
 
 from etl import tables
@@ -152,16 +152,6 @@ def _as_png(jpeg: bytes) -> bytes:
     return buf.getvalue()
 
 
-def _files_holding(path, needle: bytes) -> list[str]:
-    hits = []
-    for dp, _, fs in os.walk(path):
-        for f in fs:
-            with open(os.path.join(dp, f), "rb") as fh:
-                if needle in fh.read():
-                    hits.append(os.path.relpath(os.path.join(dp, f), path))
-    return hits
-
-
 def _urls(root, server, keys):
     (root / "urls.jsonl").write_text("".join(
         json.dumps({"id": k, "url": f"{server.url}/img/{k}.jpg", "text": f"url {k}"}) + "\n"
@@ -213,7 +203,7 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
         stored = {r["sample_id"]: r["image"] for r in lance.dataset(paths.curated).to_table(
             columns=["sample_id", "image"], filter=f"sample_id IN ('{u1}', '{p2}')").to_pylist()}
         for data in stored.values():
-            assert _files_holding(paths.curated, data)  # the search sees them now
+            assert files_holding(paths.curated, data)  # the search sees them now
         old_version = lance.dataset(paths.curated).version
         p2_file_hash = hashlib.sha256(_img(2)).hexdigest()  # what a requester holds
 
@@ -273,7 +263,7 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
 
         # Bytes: in no file of the Lance dataset; time travel to before is refused.
         for data in stored.values():
-            assert _files_holding(paths.curated, data) == []
+            assert files_holding(paths.curated, data) == []
         with pytest.raises((ValueError, OSError)):
             lance.dataset(paths.curated, version=old_version)
 

@@ -15,7 +15,7 @@ import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_config
+from conftest import files_holding, make_config
 
 from etl import tables
 from etl.schema import MANIFEST_SCHEMA, SOURCE_SCHEMA, sample_id_of
@@ -282,16 +282,6 @@ def _blob(i: int) -> bytes:
     return (f"<image {i:03d}>".encode() * 200) + os.urandom(64)
 
 
-def _files_holding(path, needle: bytes) -> list[str]:
-    hits = []
-    for dp, _, fs in os.walk(path):
-        for f in fs:
-            with open(os.path.join(dp, f), "rb") as fh:
-                if needle in fh.read():
-                    hits.append(os.path.relpath(os.path.join(dp, f), path))
-    return hits
-
-
 def _table(path, n_fragments=3, per=4):
     for i in range(n_fragments):
         ids = [f"s{i * per + j:03d}" for j in range(per)]
@@ -309,7 +299,7 @@ def test_purge_rewrites_only_the_fragments_that_held_the_rows_and_deletes_old_ve
     path = str(tmp_path / "t.lance")
     _table(path)
     secret = lance.dataset(path).to_table(filter="sample_id = 's005'")["image"][0].as_py()
-    assert _files_holding(path, secret)  # the search finds the bytes while they are there
+    assert files_holding(path, secret)  # the search finds the bytes while they are there
     old_version = lance.dataset(path).version
     untouched = {f.fragment_id: [d.path for d in f.metadata.files]
                  for f in lance.dataset(path).get_fragments()}
@@ -319,11 +309,11 @@ def test_purge_rewrites_only_the_fragments_that_held_the_rows_and_deletes_old_ve
     after = deleted_per_fragment(path)
     touched = [f for f, n in before.items() if after.get(f) != n]
     assert touched == [1]
-    assert _files_holding(path, secret)  # a deletion file alone leaves the bytes
+    assert files_holding(path, secret)  # a deletion file alone leaves the bytes
 
     res = purge_removed(path, touched, target_rows=1 << 20, retention_hours=0)
     assert res.done and res.fragments_rewritten == 1 and res.versions_removed > 0
-    assert _files_holding(path, secret) == []
+    assert files_holding(path, secret) == []
     ds = lance.dataset(path)
     assert ds.count_rows() == 11 and ds.count_rows(filter="sample_id = 's005'") == 0
     assert ds.count_rows(filter="sample_id = 's004'") == 1  # neighbours copied
@@ -352,15 +342,15 @@ def test_with_a_retention_the_old_versions_go_when_it_has_passed(tmp_path):
     # Time travel still works inside the retention, and the old files still hold it...
     assert lance.dataset(path, version=old_version).count_rows(
         filter="sample_id = 's001'") == 1
-    assert _files_holding(path, secret)
+    assert files_holding(path, secret)
     # ... but not the current version's files.
     current = {d.path for f in lance.dataset(path).get_fragments() for d in f.metadata.files}
-    assert not any(p.endswith(tuple(current)) for p in _files_holding(path, secret))
+    assert not any(p.endswith(tuple(current)) for p in files_holding(path, secret))
 
     assert run_due_purges(path, t0 + timedelta(hours=23)) == (0, 0, ())
     removed, _, tags = run_due_purges(path, t0 + timedelta(hours=25))
     assert removed > 0 and tags == ("before-takedown",)
-    assert _files_holding(path, secret) == [] and pending_purges(path) == {}
+    assert files_holding(path, secret) == [] and pending_purges(path) == {}
     with pytest.raises((ValueError, OSError)):
         lance.dataset(path, version=old_version)
 
@@ -495,7 +485,7 @@ def test_records_that_leave_their_sources_leave_every_table_and_the_next_export(
     # Bytes: the fragments that held them rewritten, the versions before deleted
     # (removal_retention_hours: 0), time travel to them refused.
     assert cur.purge is not None and cur.purge.done
-    assert _files_holding(paths.curated, secret) == []
+    assert files_holding(paths.curated, secret) == []
     with pytest.raises((ValueError, OSError)):
         lance.dataset(paths.curated, version=old_version)
 

@@ -158,6 +158,9 @@ class Captioner:
 
     # Image tokens per pixel when the processor's rule is unknown (28 x 28 per token).
     _PIXELS_PER_TOKEN = 28 * 28
+    # Qwen-style processors: sides resized to multiples of patch x merge pixels, one token
+    # per factor x factor square (set by a backend whose processor says so).
+    _factor: int | None = None
 
     def __init__(self, spec: CaptionSpec, device: str):
         self.device = device
@@ -177,13 +180,24 @@ class Captioner:
 
     def image_tokens(self, width: int, height: int, spec: CaptionSpec) -> int:
         """The image tokens an image of this (already resized) size becomes."""
-        return max(1, (width * height) // self._PIXELS_PER_TOKEN)
+        if self._factor is None:
+            return max(1, (width * height) // self._PIXELS_PER_TOKEN)
+        s = spec.settings
+        h, w = _smart_resize(height, width, self._factor, s.min_pixels, s.max_pixels)
+        return (h // self._factor) * (w // self._factor)
 
     def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:  # pragma: no cover
         raise NotImplementedError
 
     def release_memory(self) -> None:
         release_gpu_memory()
+
+
+def _token_factor(image_processor) -> int | None:
+    """patch x merge of a Qwen-style image processor, None for any other."""
+    patch = getattr(image_processor, "patch_size", None)
+    merge = getattr(image_processor, "merge_size", None)
+    return patch * merge if isinstance(patch, int) and isinstance(merge, int) else None
 
 
 def _offline_if_local(spec: CaptionSpec) -> None:
@@ -229,21 +243,12 @@ class TransformersCaptioner(Captioner):
         ).to(device).eval()
         ip = getattr(self.processor, "image_processor", None)
         self._takes_pixels = ip is not None and hasattr(ip, "min_pixels")
-        # Qwen-style processors: multiples of patch x merge pixels per side, one token each.
-        patch, merge = getattr(ip, "patch_size", None), getattr(ip, "merge_size", None)
-        self._factor = patch * merge if isinstance(patch, int) and isinstance(merge, int) else None
+        self._factor = _token_factor(ip)
         self._image_token_id = getattr(self.model.config, "image_token_id", None)
         eos = self.model.generation_config.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if tok is not None and tok.eos_token_id is not None:
             self._eos.add(tok.eos_token_id)
-
-    def image_tokens(self, width: int, height: int, spec: CaptionSpec) -> int:
-        if self._factor is None:
-            return super().image_tokens(width, height, spec)
-        s = spec.settings
-        h, w = _smart_resize(height, width, self._factor, s.min_pixels, s.max_pixels)
-        return (h // self._factor) * (w // self._factor)
 
     def _pixel_kwargs(self, spec: CaptionSpec) -> dict:
         # Qwen-style processors resize to a pixel range themselves: give them ours.
@@ -332,21 +337,13 @@ class VLLMCaptioner(Captioner):
             trust_remote_code=s.trust_remote_code,
         )
         ip = getattr(self.processor, "image_processor", None)
-        patch, merge = getattr(ip, "patch_size", None), getattr(ip, "merge_size", None)
-        self._factor = patch * merge if isinstance(patch, int) and isinstance(merge, int) else None
+        self._factor = _token_factor(ip)
 
     def max_batch(self, spec: CaptionSpec, window: int) -> int:
         return min(window, self.batch_limit or window)
 
     def token_budget(self, spec: CaptionSpec) -> int | None:
         return None  # vLLM's scheduler bounds its own batches
-
-    def image_tokens(self, width: int, height: int, spec: CaptionSpec) -> int:
-        if self._factor is None:
-            return super().image_tokens(width, height, spec)
-        s = spec.settings
-        h, w = _smart_resize(height, width, self._factor, s.min_pixels, s.max_pixels)
-        return (h // self._factor) * (w // self._factor)
 
     def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:
         from vllm import SamplingParams
