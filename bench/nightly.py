@@ -146,6 +146,9 @@ def main() -> None:
     ap.add_argument("--report", action="store_true", help="also write the HTML report")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--work", default=None, help="folder for photos and tables (temp)")
+    ap.add_argument("--jobs", action="store_true",
+                    help="also print the Spark jobs of the increment run (from Spark's "
+                         "event log) with their seconds")
     args = ap.parse_args()
 
     from etl.config import parse_config
@@ -162,6 +165,12 @@ def main() -> None:
         "exports": {"train": {}},
         "run": {"report": args.report, "progress_interval_s": 0},
     }
+    if args.jobs:
+        (work / "eventlog").mkdir(parents=True, exist_ok=True)
+        raw["spark"]["conf"].update({"spark.eventLog.enabled": "true",
+                                     "spark.eventLog.dir": str(work / "eventlog"),
+                                     "spark.eventLog.compress": "false",
+                                     "spark.eventLog.rolling.enabled": "false"})
     cfg = check_config(parse_config(raw))
 
     t0 = time.monotonic()
@@ -182,6 +191,7 @@ def main() -> None:
     runs.append(_timed_run(cfg, events, "no-op rerun"))
     added = max(1, round(args.n * args.increment))
     photos.add(added)
+    marker = _last_job(spark)
     runs.append(_timed_run(cfg, events, f"+{added} photos"))
 
     print(f"\nSpark start-up (once, not in the runs): {startup:.1f} s; {os.cpu_count()} cores; "
@@ -200,7 +210,41 @@ def main() -> None:
     first = runs[0]["wall"]
     print(f"\nno-op rerun / first run : {runs[1]['wall'] / first:.2f}")
     print(f"increment   / first run : {runs[2]['wall'] / first:.2f}")
-    spark.stop()
+    if args.jobs:
+        app = spark.sparkContext.applicationId
+        spark.stop()
+        _print_jobs(work / "eventlog", app, after=marker)
+    else:
+        spark.stop()
+
+
+def _last_job(spark) -> int:
+    """The id of the last Spark job started so far (-1 before any)."""
+    ids = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
+    return max(ids, default=-1)
+
+
+def _print_jobs(folder: Path, app: str, after: int) -> None:
+    """Jobs after job id `after`, from Spark's event log: id, seconds, description."""
+    starts, rows = {}, []
+    # One file, or (rolling logs, Spark 4's default) a folder of numbered parts.
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and app in str(p)
+                   and "appstatus" not in p.name)
+    lines = [line for f in files for line in f.read_text().splitlines()]
+    for line in lines:
+        ev = json.loads(line)
+        kind = ev.get("Event")
+        if kind == "SparkListenerJobStart" and ev["Job ID"] > after:
+            props = ev.get("Properties") or {}
+            starts[ev["Job ID"]] = (ev["Submission Time"],
+                                    props.get("spark.job.description") or "")
+        elif kind == "SparkListenerJobEnd" and ev["Job ID"] in starts:
+            t0, desc = starts[ev["Job ID"]]
+            rows.append((ev["Job ID"], (ev["Completion Time"] - t0) / 1000, desc))
+    print(f"\nSpark jobs of the increment run: {len(rows)}, "
+          f"{sum(r[1] for r in rows):.1f} s in all")
+    for job, secs, desc in rows:
+        print(f"  job {job:>4} {secs:>6.2f} s  {desc[:100]}")
 
 
 if __name__ == "__main__":
