@@ -191,7 +191,7 @@ def main() -> None:
     runs.append(_timed_run(cfg, events, "no-op rerun"))
     added = max(1, round(args.n * args.increment))
     photos.add(added)
-    marker = _last_job(spark)
+    marker = int(time.time() * 1000)  # jobs submitted from here on: the increment's
     runs.append(_timed_run(cfg, events, f"+{added} photos"))
 
     print(f"\nSpark start-up (once, not in the runs): {startup:.1f} s; {os.cpu_count()} cores; "
@@ -218,14 +218,9 @@ def main() -> None:
         spark.stop()
 
 
-def _last_job(spark) -> int:
-    """The id of the last Spark job started so far (-1 before any)."""
-    ids = spark.sparkContext.statusTracker().getJobIdsForGroup(None)
-    return max(ids, default=-1)
-
-
 def _print_jobs(folder: Path, app: str, after: int) -> None:
-    """Jobs after job id `after`, from Spark's event log: id, seconds, description."""
+    """Jobs submitted at or after `after` (epoch ms), from Spark's event log: id,
+    seconds, description."""
     starts, rows = {}, []
     # One file, or (rolling logs, Spark 4's default) a folder of numbered parts.
     files = sorted(p for p in folder.rglob("*") if p.is_file() and app in str(p)
@@ -234,7 +229,7 @@ def _print_jobs(folder: Path, app: str, after: int) -> None:
     for line in lines:
         ev = json.loads(line)
         kind = ev.get("Event")
-        if kind == "SparkListenerJobStart" and ev["Job ID"] > after:
+        if kind == "SparkListenerJobStart" and ev["Submission Time"] >= after:
             props = ev.get("Properties") or {}
             starts[ev["Job ID"]] = (ev["Submission Time"],
                                     props.get("spark.job.description") or "")

@@ -76,8 +76,10 @@ def test_s3_root_indexes_point_into_each_finished_attempt():
             _shard("k3y/part-00001-t9/shard.00000.mds", 5, 500),
         ]},
     }
+    # Each attempt's own prefix too: its ids file (what the next export diffs against).
     assert keep == {"128x64/k3y/part-00000-t7/", "64x64/k3y/part-00000-t7/",
-                    "128x64/k3y/part-00001-t9/", "64x64/k3y/part-00001-t9/"}
+                    "128x64/k3y/part-00001-t9/", "64x64/k3y/part-00001-t9/",
+                    "k3y/part-00000-t7/", "k3y/part-00001-t9/"}
 
 
 def _write(path, obj) -> None:
@@ -126,6 +128,10 @@ def test_local_bucketed_commit_moves_buckets_up_and_indexes_each(tmp_path):
             "bytes": 200 + 100 + 300 + 150 + 500,  # a compressed shard counts its zip
             "bucket_samples": {"64x64": 8, "128x64": 7},
             "checksum": hashlib.sha256(b"c0c1").hexdigest(), "part_checksums": ["c0", "c1"],
+            "part_ids": [0, 1],
+            "parts": [{"partition": i, "samples": r["samples"], "checksum": f"c{i}",
+                       "dir": f"part-0000{i}"} for i, r in enumerate(
+                           _results(["part-00000", "part-00001"]))],
         }
 
 

@@ -189,6 +189,11 @@ class ExportConfig(Section):
     latents: Annotated[tuple[Name, ...], Field(strict=False), AfterValidator(_unique)] = ()
     # False: leave out rows dedup marked as non-canonical duplicates (is_canonical=false).
     include_duplicates: bool = False
+    # True: when the table changed but the settings did not, write only new partitions
+    # for rows that joined the selection and rewrite only the partitions holding rows
+    # that left it or changed, keeping the rest (docs/exports.md, "Incremental exports").
+    # False: every change rewrites the whole export.
+    incremental: bool = True
 
     @field_validator("where", "captions", mode="before")
     @classmethod

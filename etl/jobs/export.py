@@ -92,6 +92,9 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     # Latents (fixed-shape ndarray bytes, tens of kB per sample) are taken the same way.
     fetched = {out: src for out, src in mapping.items() if out == "image" or out in encodings}
     small = sorted({src for out, src in mapping.items() if out not in fetched})
+    identity = "image_sha256" if exp.incremental else None
+    if identity and identity not in small:
+        small.append(identity)
 
     def read(columns: list[str]):
         reader = (
@@ -152,10 +155,10 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         left_out = taken_down if duplicates is None else duplicates.unionByName(taken_down)
     rows = export_rows(
         curated, mapping, captions=set(exp.captions), fetched=set(fetched),
-        duplicates=left_out, row_address=ROW_ADDRESS,
+        duplicates=left_out, row_address=ROW_ADDRESS, identity=identity,
     )
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
-        if f.name != ROW_ADDRESS and f.name not in encodings:
+        if f.name not in (ROW_ADDRESS, "_identity") and f.name not in encodings:
             mds_encoding(f.dataType, f.name)
 
     result = export_mds(
@@ -170,11 +173,14 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         buckets=exp.buckets,
         jpeg_quality=cfg.prepare.jpeg_quality,
         encodings=encodings or None,
-        manifest={
-            "name": name, "table": curated_path, "table_version": table.version,
-            "where": exp.where, "sources": dict(mapping), "dedup": dedup_manifest,
-            "removals": removals,
-        },
+        manifest={"name": name, "table": curated_path, "where": exp.where,
+                  "sources": dict(mapping)},
+        # What changes with the table's content: an incremental export diffs rows when
+        # only this changed since the export in place.
+        lineage={"table_version": table.version, "dedup": dedup_manifest,
+                 "removals": removals},
+        incremental=exp.incremental,
+        identity="_identity" if identity else None,
     )
     if result.samples != expected:
         raise RuntimeError(
@@ -215,11 +221,19 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     inputs: dict[str, int] = {}
     outputs: dict[str, int] = {"samples": 0, "shards": 0, "bytes": 0}
     up_to_date = 0
+    increments = []
     for name in names:
         res = export(spark, cfg, name)
         results.append(res)
         manifest = read_manifest(res.path) or {}
-        up_to_date += res.resumed_partitions == manifest["partitions"]
+        inc = manifest.get("increment") or {}
+        if res.unchanged:
+            up_to_date += 1
+        elif inc.get("mode") == "incremental":
+            increments.append(
+                f"{name} incremental (+{inc['added']} -{inc['departed']} "
+                f"~{inc['changed']} rows: {inc['written_samples']} written, "
+                f"{len(inc['kept_parts'])} partition(s) kept)")
         manifests[name] = {
             "path": res.path, "samples": res.samples, "shards": res.shards,
             "bytes": res.bytes, "checksum": res.checksum,
@@ -233,6 +247,6 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
         outputs["shards"] += res.shards
         outputs["bytes"] += res.bytes
         outputs[f"samples:{name}"] = res.samples
-    note = "up to date" if names and up_to_date == len(names) else None
+    note = "up to date" if names and up_to_date == len(names) else "; ".join(increments) or None
     return StageResult(inputs=inputs, outputs=outputs, manifests=manifests, note=note,
                        detail=results)

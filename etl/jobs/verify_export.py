@@ -15,7 +15,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from etl.writers.mds import PART_META, combine_digests
+from etl.writers.mds import NOT_CHECKSUMMED, combine_digests
 
 __all__ = ["VerifyReport", "verify_export", "taken_down_ids"]
 
@@ -50,7 +50,7 @@ def partition_checksums(path: str, splits: list[str]) -> dict[int, str]:
         for name in files:
             rel = os.path.relpath(os.path.join(dirpath, name), path).split(os.sep)
             hit = [i for i, c in enumerate(rel[:-1]) if _PART_RE.match(c)]
-            if not hit or name == PART_META:
+            if not hit or name in NOT_CHECKSUMMED:
                 continue
             i = hit[0]
             sub = rel[0] if rel[0] in splits and rel[0] else ""
@@ -224,7 +224,10 @@ def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: in
         )
 
     found = partition_checksums(path, splits)
-    part_sums = [found.get(pid, "") for pid in range(manifest.get("partitions", len(found)))]
+    # An export written incrementally keeps some partitions of earlier runs: its
+    # manifest lists the partition ids it is made of.
+    part_ids = manifest.get("part_ids") or range(manifest.get("partitions", len(found)))
+    part_sums = [found.get(pid, "") for pid in part_ids]
     if part_sums != manifest.get("part_checksums"):
         report.problems.append("partition checksums differ from the manifest")
     checksum = hashlib.sha256("".join(part_sums).encode()).hexdigest()

@@ -68,7 +68,13 @@ def format_summary(run_id: str, cur: CurateResult | None, exports: list) -> str:
             "outcome, reason)",
         ]
     for e in exports:
-        resumed = f", {e.resumed_partitions} partition(s) reused" if e.resumed_partitions else ""
+        resumed = ""
+        if e.unchanged:
+            resumed = ", up to date"
+        elif e.kept_partitions:
+            resumed = f", {e.kept_partitions} partition(s) kept as they were"
+        elif e.resumed_partitions:
+            resumed = f", {e.resumed_partitions} partition(s) reused"
         lines.append(
             f"export (MDS)    : {e.path}  {e.samples} samples in {e.shards} shard(s), "
             f"{e.bytes / 1e6:.2f} MB{resumed}"

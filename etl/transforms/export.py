@@ -89,16 +89,19 @@ def latent_export_columns(
 
 
 def export_rows(curated: DataFrame, mapping: dict[str, str], *, captions: set[str],
-                fetched: set[str], duplicates: DataFrame | None, row_address: str
-                ) -> DataFrame:
+                fetched: set[str], duplicates: DataFrame | None, row_address: str,
+                identity: str | None = None) -> DataFrame:
     """The rows and columns to write: `curated` without the `duplicates` ids (those
     dedup marks non-canonical, and any a takedown names), with the
     row address (to take `fetched` columns from Lance in the task) and every other
     mapped column, renamed to its MDS name. A caption a sample lacks is ``""`` (it
-    trains unconditionally), never null."""
+    trains unconditionally), never null. `identity` (a curated column, e.g. the image's
+    sha256) comes along as ``_identity``: part of a row's fingerprint, not written."""
     if duplicates is not None:
         curated = curated.join(duplicates, "sample_id", "left_anti")
     selected = [F.col(row_address)]
+    if identity is not None:
+        selected.append(F.col(identity).alias("_identity"))
     for out, src in mapping.items():
         if out in fetched:
             continue

@@ -31,14 +31,22 @@ driver-side commit), :mod:`.checksum` (partition checksums), and here the Spark 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.types import MapType
 
 from etl.config import BucketSpec
 from etl.writers.mds.buckets import bucket_name, bucket_set, spec_settings
-from etl.writers.mds.checksum import PART_META, combine_digests, part_checksum
+from etl.writers.mds.checksum import (
+    NOT_CHECKSUMMED,
+    PART_IDS,
+    PART_META,
+    combine_digests,
+    part_checksum,
+)
 from etl.writers.mds.codec import encode_batch, mds_encoding
 from etl.writers.mds.commit import (
     ExportResult,
@@ -55,10 +63,15 @@ __all__ = [
     "mds_encoding",
     "export_key",
     "export_mds",
+    "plan_increment",
+    "IncrementPlan",
+    "row_fingerprint",
     "read_manifest",
     "merge_partition_indexes",
     "part_checksum",
     "PART_META",
+    "PART_IDS",
+    "NOT_CHECKSUMMED",
     "combine_digests",
 ]
 
@@ -79,15 +92,19 @@ def export_mds(
     hashes: tuple[str, ...],
     seed: int = 0,
     manifest: dict[str, Any] | None = None,
+    lineage: dict[str, Any] | None = None,
     blobs: BlobSource | None = None,
     buckets: BucketSpec | None = None,
     jpeg_quality: int = 92,
     encodings: dict[str, str] | None = None,
+    incremental: bool = False,
+    identity: str | None = None,
 ) -> ExportResult:
     """Write `rows` as an MDS export at `out_dir`: every column of `rows`, encoded by
     its Spark type (`image` as pass-through JPEG). `manifest` adds the caller's
-    lineage (table, version, predicate) to ``manifest.json``; together with the
-    writer settings it names the staging folder, so an interrupted export resumes.
+    description of the export (table, predicate) to ``manifest.json``, `lineage` what
+    changes with the table's content (its version, what was left out); together with
+    the writer settings they name the staging folder, so an interrupted export resumes.
 
     With `buckets` (:class:`etl.config.BucketSpec`), rows are routed by aspect ratio
     into one sub-folder per bucket (``<out>/<W>x<H>/``, each with its own
@@ -95,7 +112,14 @@ def export_mds(
     resized to the bucket at `jpeg_quality` if the spec says so.
 
     `encodings` overrides the encoding of some columns (binary columns of raw array
-    bytes as fixed-shape ``ndarray:<dtype>:<shape>``)."""
+    bytes as fixed-shape ``ndarray:<dtype>:<shape>``).
+
+    `incremental`: every partition keeps its rows' ids and fingerprints (a hash of
+    the row's written columns and of the `identity` column, e.g. the image's sha256,
+    which is not written); when only the lineage changed since the export in place,
+    the rows are diffed against those, the partitions that still hold exactly their
+    rows are kept, and only rows that joined, plus the rows of partitions that lost or
+    changed a row, are written, as new partitions (:func:`plan_increment`)."""
     fetched = dict(blobs.columns) if blobs else {}
     if "sample_id" not in rows.columns or "image" not in [*rows.columns, *fetched]:
         raise ValueError("export rows need `image` and `sample_id` columns")
@@ -104,64 +128,208 @@ def export_mds(
     if buckets is not None and not {"width", "height"} <= set(rows.columns):
         raise ValueError("aspect-ratio buckets need `width` and `height` columns")
     encodings = encodings or {}
+    internal = {"_rowaddr", identity}
     columns = {
         f.name: "jpeg" if f.name == "image"
         else encodings.get(f.name) or mds_encoding(f.dataType, f.name)
         for f in rows.schema.fields
-        if f.name != "_rowaddr"
+        if f.name not in internal
     }
     for name in fetched:
         columns[name] = "jpeg" if name == "image" else encodings.get(name, "bytes")
-    settings = {
+    base = {
         **(manifest or {}), "columns": columns, "partitions": partitions,
         "size_limit": size_limit, "compression": compression, "hashes": list(hashes),
         "seed": seed,
     }
     if buckets is not None:
-        settings["buckets"] = spec_settings(buckets)
-        settings["bucket_names"] = [bucket_name(wh) for wh in bucket_set(buckets)]
+        base["buckets"] = spec_settings(buckets)
+        base["bucket_names"] = [bucket_name(wh) for wh in bucket_set(buckets)]
         if buckets.resize:
-            settings["jpeg_quality"] = jpeg_quality
+            base["jpeg_quality"] = jpeg_quality
+    settings = {**base, **(lineage or {})}
     key = export_key(settings)
     commit = open_commit(out_dir, key)
     current = commit.read_manifest()
     if current is not None and current.get("export_key") == key:  # already exported
         commit.drop_leftovers()
-        return ExportResult.from_manifest(out_dir, current, resumed=partitions)
+        return ExportResult.from_manifest(out_dir, current, resumed=partitions, unchanged=True)
     commit.prepare()
 
-    ordered = (
-        rows.repartition(partitions, "sample_id")
-        .sortWithinPartitions(F.xxhash64("sample_id", F.lit(seed)), "sample_id")
-    )
-    write = partition_writer(
-        staging=commit.staging, remote=commit.remote, key=key, columns=columns,
-        size_limit=size_limit, compression=compression, hashes=hashes, blobs=blobs,
-        buckets=buckets, quality=jpeg_quality,
-    )
-    name = out_dir.rstrip("/").rsplit("/", 1)[-1]
     spark = rows.sparkSession
     sc = spark.sparkContext
-    sc.setJobDescription(f"lakeshard export: write MDS {name}")
-    batch_key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    before = spark.conf.get(batch_key, None)
-    if blobs is not None:  # rows are small: big Arrow batches, blobs taken in slices
-        spark.conf.set(batch_key, str(TAKE_ROWS * 8))
-    try:
-        results = sorted(
-            (r.asDict() for r in ordered.mapInArrow(write, RESULT_DDL).collect()),
-            key=lambda r: r["partition"],
+    name = out_dir.rstrip("/").rsplit("/", 1)[-1]
+    if incremental:
+        settings["base_key"] = export_key(base)
+        rows = rows.withColumn("_fp", row_fingerprint(rows, exclude=("_rowaddr",)))
+    if identity is not None:
+        rows = rows.drop(identity)
+    plan = None
+    if incremental and current is not None and current.get("base_key") == settings["base_key"]:
+        sc.setJobDescription(f"lakeshard export: diff {name} with the export in place")
+        try:
+            plan = plan_increment(rows, current, out_dir, partitions)
+        finally:
+            sc.setJobDescription(None)
+    write_parts, offset, kept = partitions, 0, []
+    if plan is not None:
+        settings["increment"] = plan.summary()
+        if plan.incremental:
+            rows, write_parts, offset, kept = plan.rows, plan.new_parts, plan.offset, plan.kept
+
+    results = []
+    if write_parts:
+        ordered = (
+            rows.repartition(write_parts, "sample_id")
+            .sortWithinPartitions(F.xxhash64("sample_id", F.lit(seed)), "sample_id")
         )
-    finally:
-        sc.setJobDescription(None)
-        if before is None:
-            spark.conf.unset(batch_key)
-        else:
-            spark.conf.set(batch_key, before)
+        write = partition_writer(
+            staging=commit.staging, remote=commit.remote, key=key, columns=columns,
+            size_limit=size_limit, compression=compression, hashes=hashes, blobs=blobs,
+            buckets=buckets, quality=jpeg_quality, part_offset=offset, keep_ids=incremental,
+        )
+        sc.setJobDescription(f"lakeshard export: write MDS {name}")
+        batch_key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+        before = spark.conf.get(batch_key, None)
+        if blobs is not None:  # rows are small: big Arrow batches, blobs taken in slices
+            spark.conf.set(batch_key, str(TAKE_ROWS * 8))
+        try:
+            results = sorted(
+                (r.asDict() for r in ordered.mapInArrow(write, RESULT_DDL).collect()),
+                key=lambda r: r["partition"],
+            )
+        finally:
+            sc.setJobDescription(None)
+            if before is None:
+                spark.conf.unset(batch_key)
+            else:
+                spark.conf.set(batch_key, before)
     reported = [r["partition"] for r in results]
-    if reported != list(range(partitions)):
+    if reported != list(range(offset, offset + write_parts)):
         raise RuntimeError(f"export {name}: tasks reported partitions {reported}")
 
-    final = commit.commit(results, settings, bucketed=buckets is not None)
+    final = commit.commit(results, settings, bucketed=buckets is not None, kept=kept)
     resumed = sum(1 for r in results if r["resumed"])
-    return ExportResult.from_manifest(out_dir, final, resumed=resumed)
+    return ExportResult.from_manifest(out_dir, final, resumed=resumed, kept=len(kept))
+
+
+def row_fingerprint(rows: DataFrame, exclude: tuple[str, ...] = ()) -> Column:
+    """A 64-bit hash of each row's columns (by name, in name order; maps as JSON, which
+    Spark does not hash): equal fingerprints, equal written sample."""
+    cols = []
+    for f in sorted(rows.schema.fields, key=lambda f: f.name):
+        if f.name in exclude:
+            continue
+        col = F.col(f.name)
+        cols.append(F.to_json(col) if isinstance(f.dataType, MapType) else col)
+    return F.xxhash64(F.lit("lakeshard-export-row"), *cols)
+
+
+# An incremental export rewrites the whole export instead when it would write more than
+# this share of its rows, or when it would be made of more than this many times the
+# configured number of partitions (every night adds one: the rewrite compacts them).
+REWRITE_SHARE = 0.5
+MAX_PARTS_FACTOR = 4
+_MAX_PART_ID = 99_999  # part-NNNNN
+
+
+@dataclass
+class IncrementPlan:
+    """What an incremental export writes and keeps (:func:`plan_increment`)."""
+
+    rows: DataFrame  # the rows to write: joined, plus those of rewritten partitions
+    kept: list[dict]  # the `parts` records of partitions kept as they are
+    new_parts: int  # partitions to write the rows into
+    offset: int  # the first new partition's id
+    added: int
+    departed: int
+    changed: int
+    rewritten: list[int]  # ids of partitions that lost or changed a row
+    to_write: int
+    incremental: bool  # False: a full rewrite is cheaper or due
+    reason: str
+
+    def summary(self) -> dict:
+        return {
+            "mode": "incremental" if self.incremental else "rewrite", "reason": self.reason,
+            "added": self.added, "departed": self.departed, "changed": self.changed,
+            "rewritten_parts": self.rewritten, "written_samples":
+            self.to_write if self.incremental else None,
+            "kept_parts": [p["partition"] for p in self.kept] if self.incremental else [],
+        }
+
+
+def ids_location(out_dir: str, record: dict) -> str:
+    """Where a partition's :data:`PART_IDS` is (``prefix`` on S3, ``dir`` locally)."""
+    where = record.get("prefix") or record["dir"]
+    return f"{out_dir.rstrip('/')}/{where}/{PART_IDS}"
+
+
+def plan_increment(rows: DataFrame, current: dict, out_dir: str, partitions: int
+                   ) -> IncrementPlan | None:
+    """Diff `rows` (with ``_fp``) against the partitions of the export in place (their
+    :data:`PART_IDS`), and decide what to write. None when the export in place keeps
+    no ids (written before incremental exports, or with `incremental` off).
+
+    A row that joined the selection goes to a new partition; a partition that lost a
+    row (removed, taken down, now a duplicate) or holds a row whose fingerprint changed
+    is written again, as a new partition, from the current rows; every other partition
+    is kept. MDS shards are immutable and a reader takes the whole shard, so a
+    partition is the smallest unit that can be replaced without rewriting others."""
+    parts = current.get("parts")
+    if not parts:
+        return None
+    spark = rows.sparkSession
+    old = (
+        spark.read.schema("sample_id string, _fp long")
+        .parquet(*[ids_location(out_dir, p) for p in parts])
+        .select("sample_id", F.col("_fp").alias("_old_fp"),
+                F.regexp_extract(F.input_file_name(), r"part-(\d{5})(-t\d+)?/[^/]*$", 1)
+                .cast("int").alias("_part"))
+    )
+    diff = (
+        rows.select("sample_id", "_fp").join(old, "sample_id", "full_outer")
+        .select(
+            "sample_id", "_part",
+            F.when(F.col("_old_fp").isNull(), "added")
+            .when(F.col("_fp").isNull(), "departed")
+            .when(F.col("_fp") != F.col("_old_fp"), "changed")
+            .alias("_change"))
+        .where(F.col("_change").isNotNull())
+    )
+    counts = {"added": 0, "departed": 0, "changed": 0}
+    rewritten: set[int] = set()
+    for r in diff.groupBy("_change", "_part").count().collect():
+        counts[r["_change"]] += r["count"]
+        if r["_change"] != "added":
+            rewritten.add(r["_part"])
+    by_id = {p["partition"]: p for p in parts}
+    unknown = rewritten - set(by_id)
+    if unknown or None in rewritten:
+        raise RuntimeError(f"export ids name partitions {sorted(unknown)} the manifest lacks")
+    kept = [p for p in parts if p["partition"] not in rewritten]
+    total = current["samples"] + counts["added"] - counts["departed"]
+    to_write = counts["added"] + sum(by_id[i]["samples"] for i in rewritten) - counts["departed"]
+    per_part = max(1, -(-max(total, 1) // partitions))
+    new_parts = -(-to_write // per_part) if to_write else 0
+    offset = max(by_id) + 1
+    reason = "only what changed"
+    if to_write > REWRITE_SHARE * total:
+        reason = f"{to_write} of {total} rows to write (> {REWRITE_SHARE:.0%})"
+    elif len(kept) + new_parts > MAX_PARTS_FACTOR * partitions:
+        reason = (f"{len(kept) + new_parts} partitions (> {MAX_PARTS_FACTOR} x "
+                  f"{partitions}): rewritten to compact them")
+    elif offset + new_parts > _MAX_PART_ID:
+        reason = "partition ids exhausted"
+    incremental = reason == "only what changed"
+    write = rows
+    if incremental and to_write:
+        old_part = old.select("sample_id", "_part")
+        write = (rows.join(old_part, "sample_id", "left")
+                 .where(F.col("_part").isNull() | F.col("_part").isin(sorted(rewritten)))
+                 .drop("_part"))
+    return IncrementPlan(
+        rows=write, kept=kept, new_parts=new_parts, offset=offset, added=counts["added"],
+        departed=counts["departed"], changed=counts["changed"], rewritten=sorted(rewritten),
+        to_write=to_write, incremental=incremental, reason=reason,
+    )

@@ -13,10 +13,14 @@ import hashlib
 import os
 from collections.abc import Mapping
 
-__all__ = ["PART_META", "combine_digests", "part_checksum"]
+__all__ = ["PART_META", "PART_IDS", "NOT_CHECKSUMMED", "combine_digests", "part_checksum"]
 
 # A finished local partition's record (samples, checksum, indexes); not checksummed.
 PART_META = "_part.json"
+# A partition's sample ids and row fingerprints (parquet), what the next export diffs
+# against to write only what changed; not checksummed (not part of the MDS data).
+PART_IDS = "ids.parquet"  # no leading "_": Spark skips such files
+NOT_CHECKSUMMED = frozenset({PART_META, PART_IDS})
 
 
 def combine_digests(digests: Mapping[str, str]) -> str:
@@ -32,7 +36,7 @@ def part_checksum(part_dir: str) -> str:
     for dirpath, _, files in os.walk(part_dir):
         for name in files:
             rel = os.path.relpath(os.path.join(dirpath, name), part_dir)
-            if rel == PART_META:
+            if rel in NOT_CHECKSUMMED:
                 continue
             digest = hashlib.sha256()
             with open(os.path.join(part_dir, rel), "rb") as f:

@@ -40,6 +40,7 @@ __all__ = [
     "merge_indexes",
     "merge_partition_indexes",
     "build_manifest",
+    "part_record",
     "ExportCommit",
     "LocalCommit",
     "S3Commit",
@@ -59,12 +60,18 @@ class ExportResult:
     bytes: int
     checksum: str
     resumed_partitions: int = 0
+    # The export in place already had this key: nothing was written or committed.
+    unchanged: bool = False
+    # Partitions an incremental export kept from the export in place, as they were.
+    kept_partitions: int = 0
 
     @classmethod
-    def from_manifest(cls, path: str, manifest: Mapping[str, Any], resumed: int) -> ExportResult:
+    def from_manifest(cls, path: str, manifest: Mapping[str, Any], resumed: int,
+                      unchanged: bool = False, kept: int = 0) -> ExportResult:
         return cls(
             path=path, samples=manifest["samples"], shards=manifest["shards"],
             bytes=manifest["bytes"], checksum=manifest["checksum"], resumed_partitions=resumed,
+            unchanged=unchanged, kept_partitions=kept,
         )
 
 
@@ -104,6 +111,7 @@ def build_manifest(
     results: Sequence[TaskResult],
     indexes: Mapping[str, Mapping[str, Any]],
     bucketed: bool,
+    remote: bool = False,
 ) -> dict:
     """``manifest.json``: the settings, counts, bytes and checksums of a finished export
     whose root indexes (sub-folder -> index; "" without buckets) are `indexes`."""
@@ -119,7 +127,20 @@ def build_manifest(
         "bytes": sum((s.get("zip_data") or s["raw_data"])["bytes"] for s in shards),
         "checksum": hashlib.sha256("".join(r["checksum"] for r in results).encode()).hexdigest(),
         "part_checksums": [r["checksum"] for r in results],
+        "part_ids": [r["partition"] for r in results],
+        "parts": [part_record(r, key if remote else None) for r in results],
     }
+
+
+def part_record(result: TaskResult, key: str | None) -> dict:
+    """What the manifest keeps of a partition, so a later incremental export can keep
+    it: id, samples, checksum, its folder (``dir``) and, on S3 (`key` given), the key
+    prefix its files are under (the export key it was written with, and its attempt)."""
+    out = {k: result[k] for k in ("partition", "samples", "checksum")}
+    out["dir"] = result.get("dir") or f"part-{result['partition']:05d}"
+    if key is not None:
+        out["prefix"] = result.get("prefix") or "/".join(p for p in (key, result["dir"]) if p)
+    return out
 
 
 def _check_samples(indexes: Mapping[str, Mapping[str, Any]], results: Sequence[TaskResult]):
@@ -154,10 +175,12 @@ class ExportCommit(ABC):
 
     @abstractmethod
     def commit(
-        self, results: Sequence[TaskResult], settings: Mapping[str, Any], bucketed: bool
+        self, results: Sequence[TaskResult], settings: Mapping[str, Any], bucketed: bool,
+        kept: Sequence[Mapping[str, Any]] = (),
     ) -> dict:
-        """Make the partitions in `results` (sorted by partition) the export; returns
-        its manifest."""
+        """Make the partitions in `results` (sorted by partition), together with the
+        partitions `kept` from the export now in place (its manifest's ``parts``
+        records; an incremental export), the export; returns its manifest."""
 
 
 class LocalCommit(ExportCommit):
@@ -190,10 +213,14 @@ class LocalCommit(ExportCommit):
         os.makedirs(os.path.join(self.staging, "_attempts"), exist_ok=True)
 
     def commit(
-        self, results: Sequence[TaskResult], settings: Mapping[str, Any], bucketed: bool
+        self, results: Sequence[TaskResult], settings: Mapping[str, Any], bucketed: bool,
+        kept: Sequence[Mapping[str, Any]] = (),
     ) -> dict:
-        parts = [f"part-{r['partition']:05d}" for r in results]
         shutil.rmtree(os.path.join(self.staging, "_attempts"), ignore_errors=True)
+        for record in kept:
+            self._link_kept(f"part-{record['partition']:05d}")
+        results = sorted([*kept, *results], key=lambda r: r["partition"])
+        parts = [f"part-{r['partition']:05d}" for r in results]
         if bucketed:
             indexes = self._merge_bucket_indexes(parts)
         else:
@@ -209,6 +236,22 @@ class LocalCommit(ExportCommit):
         self._swap()
         self.drop_leftovers()
         return manifest
+
+    def _link_kept(self, part: str) -> None:
+        """Hard-link a partition of the export in place into staging (no data copied),
+        with its bucket folders (``<bucket>/part-N``) when the export has buckets.
+        Idempotent: a folder already linked by an interrupted commit is left as is."""
+        for sub in ["", *sorted(os.listdir(self.out_dir))]:
+            src = os.path.join(self.out_dir, sub, part)
+            dst = os.path.join(self.staging, sub, part)
+            if sub.startswith(("part-", "_", ".")) or not os.path.isdir(src):
+                continue
+            if not os.path.exists(dst):
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                tmp = dst + ".linking"
+                shutil.rmtree(tmp, ignore_errors=True)
+                shutil.copytree(src, tmp, copy_function=os.link)
+                os.replace(tmp, dst)
 
     def _merge_bucket_indexes(self, parts: list[str]) -> dict[str, dict]:
         """Move ``part-N/<bucket>`` to ``<bucket>/part-N`` and index each bucket.
@@ -255,7 +298,8 @@ def remote_indexes(
     by_sub: dict[str, list[tuple[str, dict]]] = {}
     keep: set[str] = set()
     for r in results:
-        prefix = "/".join(p for p in (key, r["dir"]) if p)
+        prefix = r.get("prefix") or "/".join(p for p in (key, r["dir"]) if p)
+        keep.add(prefix + "/")  # the attempt's own files (its ids) beside bucket folders
         for sub, index in json.loads(r["indexes"]).items():
             keep.add("/".join(p for p in (sub, prefix) if p) + "/")
             by_sub.setdefault(sub, []).append((prefix, index))
@@ -281,13 +325,18 @@ class S3Commit(ExportCommit):
         pass  # tasks upload under their own attempt prefixes: nothing to make first
 
     def commit(
-        self, results: Sequence[TaskResult], settings: Mapping[str, Any], bucketed: bool
+        self, results: Sequence[TaskResult], settings: Mapping[str, Any], bucketed: bool,
+        kept: Sequence[Mapping[str, Any]] = (),
     ) -> dict:
+        subs = settings.get("bucket_names") or [""]
+        carried = [{**record, "indexes": json.dumps(self._part_indexes(record["prefix"], subs))}
+                   for record in kept]
+        results = sorted([*carried, *results], key=lambda r: r["partition"])
         indexes, keep = remote_indexes(self.key, results, bucketed)
         _check_samples(indexes, results)
         for sub, index in indexes.items():
             self.store.put_json(f"{sub}/index.json" if sub else "index.json", index)
-        manifest = build_manifest(settings, self.key, results, indexes, bucketed)
+        manifest = build_manifest(settings, self.key, results, indexes, bucketed, remote=True)
         self.store.put_json("manifest.json", manifest)
         tops = {"manifest.json", "index.json"} | {f"{sub}/index.json" for sub in indexes}
         stale = [
@@ -298,6 +347,15 @@ class S3Commit(ExportCommit):
         ]
         self.store.delete(stale)
         return manifest
+
+    def _part_indexes(self, prefix: str, subs: Sequence[str]) -> dict[str, dict]:
+        """A kept partition's index.json per sub-folder (the buckets it has rows in)."""
+        out = {}
+        for sub in subs:
+            index = self.store.get_json("/".join(p for p in (sub, prefix, "index.json") if p))
+            if index is not None:
+                out[sub] = index
+        return out
 
 
 def open_commit(out_dir: str, key: str) -> ExportCommit:

@@ -28,7 +28,7 @@ import pyarrow as pa
 from etl.config import BucketSpec
 from etl.runtime.faults import fault_point
 from etl.writers.mds.buckets import BucketRouter
-from etl.writers.mds.checksum import PART_META
+from etl.writers.mds.checksum import PART_IDS, PART_META
 
 __all__ = ["BlobSource", "TAKE_ROWS", "RESULT_DDL", "state_prefix", "partition_writer"]
 
@@ -87,6 +87,54 @@ def _take_blobs(batch: pa.RecordBatch, blobs: BlobSource, ds) -> pa.RecordBatch:
     return out
 
 
+# PART_IDS: a partition's rows (by id) and their fingerprints.
+IDS_SCHEMA = pa.schema([("sample_id", pa.string()), ("_fp", pa.int64())])
+
+
+def _write_ids(ids: list[pa.RecordBatch], attempt: str, store, prefix: str) -> None:
+    """The partition's ``sample_id, _fp`` as :data:`PART_IDS`: in the attempt folder
+    (locally), or uploaded under the attempt's prefix (S3)."""
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_batches(ids).cast(IDS_SCHEMA) if ids else IDS_SCHEMA.empty_table()
+    if store is None:
+        pq.write_table(table, os.path.join(attempt, PART_IDS))
+        return
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    store.put_bytes(f"{prefix}/{PART_IDS}", sink.getvalue().to_pybytes())
+
+
+# streaming's packages whose __init__ a writing task skips (see _lean_streaming).
+_BARE_PACKAGES = ("", "base", "base/format", "base/format/base", "base/format/mds")
+
+
+def _lean_streaming() -> None:
+    """Let a task import streaming's MDS writer without running its packages'
+    ``__init__`` modules, which import every dataset class and with them transformers,
+    scikit-learn and more: ~5 s in each fresh Python worker on a 2-core machine, against
+    ~1.4 s for the writer's own modules (torch still comes with ``streaming.base.util``).
+    The packages are registered as bare packages (a path, no code), so the submodules
+    load from the installed files as usual. Only in a Spark task's worker process, which
+    imports nothing else from streaming; a no-op where streaming is already imported."""
+    import importlib.util
+    import sys
+    import types
+
+    if "streaming" in sys.modules:
+        return
+    spec = importlib.util.find_spec("streaming")
+    if spec is None or not spec.submodule_search_locations:
+        return  # not installed: the import below fails with the usual message
+    root = list(spec.submodule_search_locations)[0]
+    for rel in _BARE_PACKAGES:
+        name = ".".join(["streaming", *[p for p in rel.split("/") if p]])
+        module = types.ModuleType(name)
+        module.__path__ = [os.path.join(root, *rel.split("/"))]
+        module.__package__ = name
+        sys.modules[name] = module
+
+
 def _read_part_meta(path: str) -> dict | None:
     if not os.path.exists(path):
         return None
@@ -106,10 +154,17 @@ def partition_writer(
     blobs: BlobSource | None,
     buckets: BucketSpec | None,
     quality: int,
+    part_offset: int = 0,
+    keep_ids: bool = False,
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """The ``mapInArrow`` function writing one partition per task. Locally, `staging`
     is the staging folder; with `remote` (an ``s3://`` export folder), shards go to
-    ``<remote>/[<bucket>/]<key>/<attempt>/``."""
+    ``<remote>/[<bucket>/]<key>/<attempt>/``.
+
+    Task `i` writes partition ``part_offset + i`` (an incremental export numbers its new
+    partitions after the ones it keeps). Rows with a ``_fp`` column (their fingerprint)
+    also leave the partition's ``sample_id, _fp`` in :data:`PART_IDS` beside its shards:
+    what the next export diffs against."""
     result_schema = pa.schema(_RESULT_FIELDS)
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -120,7 +175,7 @@ def partition_writer(
         from etl.writers.remote import S3Store
 
         ctx = TaskContext.get()
-        pid = ctx.partitionId()
+        pid = part_offset + ctx.partitionId()
         store = S3Store(remote) if remote else None
         part_dir = os.path.join(staging, f"part-{pid:05d}")
         meta_path = os.path.join(part_dir, PART_META)
@@ -139,6 +194,7 @@ def partition_writer(
             import lance
 
             table = lance.dataset(blobs.path, version=blobs.version)
+        _lean_streaming()
         from etl.writers.mds.writer import PassThroughMDSWriter
         from udfs.worker import settle_imports
 
@@ -154,9 +210,13 @@ def partition_writer(
             )
 
         samples = 0
+        ids: list[pa.RecordBatch] = []
         router = BucketRouter(attempt, make_writer, size_limit, buckets, quality)
         try:
             for batch in batches:  # one Arrow batch at a time: never a whole partition
+                if keep_ids:
+                    ids.append(batch.select(["sample_id", "_fp"]))
+                    batch = batch.drop_columns(["_fp"])
                 if table is None:
                     router.write(batch, columns)
                     samples += batch.num_rows
@@ -169,6 +229,8 @@ def partition_writer(
                     samples += part.num_rows
         finally:
             router.close()
+        if keep_ids:
+            _write_ids(ids, attempt, store, f"{key}/{attempt_name}")
         meta = {"partition": pid, "samples": samples, "checksum": router.checksum(),
                 "dir": attempt_name if store else f"part-{pid:05d}",
                 "indexes": json.dumps(router.indexes(), sort_keys=True)}

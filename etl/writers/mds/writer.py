@@ -20,7 +20,7 @@ import os
 from typing import Any
 
 import numpy as np
-from streaming import MDSWriter
+from streaming.base.format.mds.writer import MDSWriter
 
 __all__ = ["PassThroughMDSWriter"]
 
