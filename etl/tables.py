@@ -37,6 +37,7 @@ from etl.errors import TableMissingError
 
 __all__ = [
     "CURATED",
+    "row_layout",
     "MANIFEST",
     "REJECTS",
     "ACCOUNTING",
@@ -375,7 +376,7 @@ class DedupCoverage:
         return bool(self.uncovered or self.removed)
 
 
-def _row_layout(ds) -> set[tuple[int, int, int]]:
+def row_layout(ds) -> set[tuple[int, int, int]]:
     """Which rows a Lance version holds, as its fragments' (id, physical rows, deleted
     rows): appends and deletes change it, new or rewritten columns do not."""
     return {
@@ -405,7 +406,7 @@ def dedup_coverage(spark, cfg: Config, curated_version: int) -> DedupCoverage | 
     if covered == curated_version:
         return DedupCoverage(covered, curated_version, 0, 0)
     try:
-        same_rows = _row_layout(lance.dataset(path, version=covered)) == _row_layout(
+        same_rows = row_layout(lance.dataset(path, version=covered)) == row_layout(
             lance.dataset(path, version=curated_version))
     except (ValueError, OSError):  # that version was cleaned up: compare the rows
         same_rows = False

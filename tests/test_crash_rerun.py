@@ -83,7 +83,8 @@ def _state(spark, cfg) -> dict:
             with open(os.path.join(dp, f), "rb") as fh:
                 files[os.path.relpath(os.path.join(dp, f), export)] = fh.read()
     manifest = json.loads(files.pop("manifest.json"))
-    for key in ("table", "table_version", "export_key"):  # root path and version differ
+    # Root path and version differ (and with the path, the keys of the settings).
+    for key in ("table", "table_version", "export_key", "base_key"):
         manifest.pop(key)
     mds_ids = sorted(s["sample_id"] for s in read_mds(export))
     leftovers = sorted(n for n in os.listdir(tables.layout(cfg).mds_dir) if n.startswith("."))

@@ -18,6 +18,7 @@ from PIL import Image
 
 from etl import tables
 from etl.config import ConfigError, DedupConfig
+from etl.jobs.dedup import _by_source, _counts
 from etl.transforms.dedup import (
     ASSIGNMENT_COLUMNS,
     connected_components,
@@ -338,6 +339,13 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     d3 = run_pipeline(cfg, export_names=("train",)).detail("dedup")
     s3, ids3 = state()
     assert d3.new_rows == 2
+    # Two appended rows: planned in the driver from the rows they touch; the stats it
+    # carried forward are those of the table counted again.
+    assert d3.mode == "incremental (driver)"
+    table = spark.read.format("delta").load(tables.layout(cfg).dedup)
+    assert d3.counts == _counts(_by_source(table), ["photos"])
+    assert d3.clusters == table.where("cluster_size > 1").select("dup_cluster_id").distinct(
+        ).count() == 2
     for key, r in s1.items():
         assert s3[key].dup_cluster_id == r.dup_cluster_id, key
     assert s3["new/astronaut_big.png"].dup_cluster_id == astro

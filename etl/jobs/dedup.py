@@ -16,12 +16,14 @@ import logging
 from dataclasses import dataclass, field
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config
 from etl.runtime.stage import RunContext, StageResult
 from etl.schema import DEDUP_SCHEMA
-from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
+from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, lsh_masks, plan_dedup
+from etl.transforms.dedup_local import plan_local, update_stats
 from etl.writers.delta import merge_dedup, set_properties
 
 __all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "check"]
@@ -29,7 +31,9 @@ __all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "chec
 log = logging.getLogger(__name__)
 
 # Delta table property: the per-source, per-kind row counts and the cluster count of
-# the table as the last run left it, so that a run with nothing to do reads no table.
+# the table as the last run left it, so that a run with nothing to do reads no table,
+# and the table version they describe (the run's last data commit; the properties are
+# the commit after it): another writer since (forget) makes them unusable.
 DEDUP_STATS = "lakeshard.dedup.stats"
 
 
@@ -55,7 +59,7 @@ class SourceDedup:
 class DedupResult:
     path: str
     version: int  # Delta version after this run
-    mode: str  # "full" or "incremental"
+    mode: str  # "full", "incremental" or "incremental (driver)"
     curated_version: int
     new_rows: int  # rows compared against everything this run
     pairs: int  # verified near pairs found this run (distinct dHashes)
@@ -80,6 +84,8 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
     state = tables.dedup_state(spark, cfg)
     params = tables.dedup_params(cfg)
     if not full and (done := _up_to_date(spark, cfg, state, params, version)) is not None:
+        return done
+    if not full and (done := _driver_increment(spark, cfg, state, params, version, run_id)):
         return done
     current = (
         spark.read.format("lance")
@@ -111,33 +117,203 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
     counts = _counts(by, [s.name for s in cfg.sources])
     clusters = table.where("cluster_size > 1").select("dup_cluster_id").distinct().count()
     sc.setJobDescription(None)
-    # Last, so that a run killed before this line is not taken for up to date.
-    props = {tables.DEDUP_PARAMS: params, tables.DEDUP_CURATED_VERSION: str(version),
-             DEDUP_STATS: json.dumps({"by": by, "clusters": clusters}, sort_keys=True)}
-    if state is None or any(state.get(k) != v for k, v in props.items()):
-        set_properties(spark, path, props)
-    delta_version = tables.delta_version(spark, path)
+    delta_version = _record(spark, path, state, params, version,
+                            {"by": by, "clusters": clusters})
     return DedupResult(
         path, delta_version, mode, version, plan.new_rows, plan.pairs, plan.rounds,
         changed, removed, clusters, counts,
     )
 
 
+def _record(spark, path: str, state: dict | None, params: str, version: int,
+            stats: dict) -> int:
+    """Set the properties that make the next run's shortcuts possible (settings, the
+    curated version covered, the stats and the table version they describe); last, so
+    that a run killed before this is not taken for up to date. The Delta version after."""
+    data_version = tables.delta_version(spark, path)
+    props = {tables.DEDUP_PARAMS: params, tables.DEDUP_CURATED_VERSION: str(version),
+             DEDUP_STATS: json.dumps({**stats, "table_version": data_version},
+                                     sort_keys=True)}
+    if state is None or any(state.get(k) != v for k, v in props.items()):
+        set_properties(spark, path, props)
+    return tables.delta_version(spark, path)
+
+
+def _stats(spark, path: str, state: dict | None, params: str) -> dict | None:
+    """The recorded stats, if they still describe the table: same settings, and no
+    commit since the run that recorded them (its properties commit aside)."""
+    if state is None or state.get(tables.DEDUP_PARAMS) != params or DEDUP_STATS not in state:
+        return None
+    stats = json.loads(state[DEDUP_STATS])
+    recorded = stats.get("table_version")
+    if recorded is None or tables.delta_version(spark, path) not in (recorded, recorded + 1):
+        return None
+    return stats
+
+
+def _same_rows(path: str, covered: int, version: int) -> bool:
+    """Whether two curated versions hold the same rows (only columns were added or
+    rewritten in between: captions, features), from the fragments' metadata."""
+    import lance
+
+    try:
+        return tables.row_layout(lance.dataset(path, version=covered)) == tables.row_layout(
+            lance.dataset(path, version=version))
+    except (ValueError, OSError):  # the version covered was cleaned up
+        return False
+
+
 def _up_to_date(spark, cfg: Config, state: dict | None, params: str,
                 version: int) -> DedupResult | None:
     """The result of a run with nothing to do, from the dedup table's properties alone
-    (settings, curated version covered, stats) -- no table is read; None when there is
-    something to do (or the table predates the recorded stats)."""
-    if (state is None or state.get(tables.DEDUP_PARAMS) != params
-            or state.get(tables.DEDUP_CURATED_VERSION) != str(version)
-            or DEDUP_STATS not in state):
-        return None
-    stats = json.loads(state[DEDUP_STATS])
+    (settings, curated version covered, stats) and the curated table's fragment
+    metadata (a version that only added columns holds the same rows) -- no table is
+    read; None when there is something to do (or the stats cannot be trusted)."""
     path = tables.layout(cfg).dedup
+    stats = _stats(spark, path, state, params)
+    if stats is None:
+        return None
+    covered = int(state.get(tables.DEDUP_CURATED_VERSION, -1))
+    if covered != version and not _same_rows(tables.layout(cfg).curated, covered, version):
+        return None
     return DedupResult(
         path, tables.delta_version(spark, path), "incremental", version, 0, 0, 0, 0, 0,
         stats["clusters"], _counts(stats["by"], [s.name for s in cfg.sources]),
         from_metadata=True,
+    )
+
+
+def _deleted(fragment) -> int:
+    d = fragment.metadata.deletion_file
+    return d.num_deleted_rows if d is not None else 0
+
+
+def _driver_increment(spark: SparkSession, cfg: Config, state: dict | None, params: str,
+                      version: int, run_id: str) -> DedupResult | None:
+    """An increment planned in the driver (:func:`etl.transforms.dedup_local.plan_local`)
+    from the rows it touches, or None to plan over the whole table in Spark.
+
+    What changed since the curated version dedup covered comes from Lance's fragment
+    metadata: fragments appended (read alone), deletion files that grew, fragments a
+    purge or compaction rewrote (their rows before, against the fragments that replaced
+    them: moved rows are not new). The dedup table is then read for the rows
+    the plan needs -- stored hashes sharing an LSH key with a new hash, the rows of the
+    changed ids, the clusters all of those are in -- and the curated table for those
+    rows' ordering columns: a filtered read of narrow columns, no shuffle of the table.
+    Falls back (None) when the fragments touched hold more than ``dedup.driver_max_rows``
+    rows (a compaction of the whole table, a large increment), or when the recorded
+    stats no longer describe the table."""
+    import lance
+    import pyarrow as pa
+
+    limit = cfg.dedup.driver_max_rows
+    paths = tables.layout(cfg)
+    stats = _stats(spark, paths.dedup, state, params) if limit else None
+    if stats is None:
+        return None
+    covered = int(state.get(tables.DEDUP_CURATED_VERSION, -1))
+    try:
+        old = {f.fragment_id: f for f in lance.dataset(paths.curated, version=covered)
+               .get_fragments()}
+    except (ValueError, OSError):  # the version covered was cleaned up
+        return None
+    now = lance.dataset(paths.curated, version=version)
+    new = {f.fragment_id: f for f in now.get_fragments()}
+    if any(i in new and old[i].metadata.physical_rows != new[i].metadata.physical_rows
+           for i in old):
+        return None  # a fragment changed its rows in place: not something Lance does
+    gone = [i for i in old if i not in new]  # rewritten (purged, compacted) or dropped
+    appended = [i for i in new if i not in old]  # appended, or the rewrites' output
+    shrunk = [i for i in old if i in new and _deleted(new[i]) != _deleted(old[i])]
+    if (sum(old[i].count_rows() for i in gone) + sum(new[i].count_rows() for i in appended)
+            + sum(_deleted(new[i]) - _deleted(old[i]) for i in shrunk)) > limit:
+        return None
+    sc = spark.sparkContext
+    sc.setJobDescription("lakeshard dedup: rows the increment touches")
+    columns = list(ROW_COLUMNS)
+    schema = pa.schema([now.schema.field(c) for c in columns])
+    ident = ["sample_id", "image_sha256", "dhash"]
+    # Rows that left their fragment (deleted, or moved by a rewrite), as they were...
+    left: dict[str, tuple] = {}
+    for i in gone:
+        for r in old[i].to_table(columns=ident).to_pylist():
+            left[r["sample_id"]] = (r["image_sha256"], r["dhash"])
+    for i in shrunk:
+        still = set(new[i].to_table(columns=["sample_id"]).column(0).to_pylist())
+        for r in old[i].to_table(columns=ident).to_pylist():
+            if r["sample_id"] not in still:
+                left[r["sample_id"]] = (r["image_sha256"], r["dhash"])
+    # ...and rows in new fragments: new, changed, or moved unchanged (not new to dedup).
+    arrived = [r for i in appended for r in new[i].to_table(columns=columns).to_pylist()]
+    added = [r for r in arrived
+             if left.get(r["sample_id"]) != (r["image_sha256"], r["dhash"])]
+    deleted = set(left) - {r["sample_id"] for r in arrived}
+    added_ids = {r["sample_id"] for r in added}
+
+    # Stored rows the plan needs: near neighbours of the new hashes (an LSH key in
+    # common), the previous rows of changed or deleted ids, rows whose cluster is
+    # named after a new id; then every member of their clusters.
+    table = spark.read.format("delta").load(paths.dedup).select(*ASSIGNMENT_COLUMNS)
+    masks = lsh_masks(cfg.dedup.threshold, cfg.dedup.bands)
+    keys = sorted({(k, r["dhash"] & m) for r in added if r["dhash"] is not None
+                   for k, m in enumerate(masks)})
+    found = table.limit(0)
+    if keys:
+        keyed = table.select(
+            "*", F.posexplode(F.array(*[F.col("dhash").bitwiseAND(F.lit(m).cast("long"))
+                                        for m in masks])).alias("_key_id", "_key"))
+        wanted = spark.createDataFrame(keys, "_key_id int, _key long")
+        found = keyed.join(F.broadcast(wanted), ["_key_id", "_key"], "left_semi").select(
+            *ASSIGNMENT_COLUMNS)
+    ids = sorted(added_ids | deleted)
+    if ids:
+        by_id = spark.createDataFrame([(i,) for i in ids], "sample_id string")
+        found = found.unionByName(table.join(F.broadcast(by_id), "sample_id", "left_semi"))
+        found = found.unionByName(table.join(
+            F.broadcast(by_id.withColumnRenamed("sample_id", "dup_cluster_id")),
+            "dup_cluster_id", "left_semi"))
+    first = found.dropDuplicates(["sample_id"]).collect()
+    clusters = sorted({r["dup_cluster_id"] for r in first})
+    prior = {r["sample_id"]: r.asDict() for r in first}
+    if clusters:
+        wanted = spark.createDataFrame([(c,) for c in clusters], "dup_cluster_id string")
+        for r in table.join(F.broadcast(wanted), "dup_cluster_id", "left_semi").collect():
+            prior.setdefault(r["sample_id"], r.asDict())
+    if len(prior) > 4 * limit:
+        sc.setJobDescription(None)
+        return None
+    stored = sorted(set(prior) - deleted - added_ids)
+    current = list(added)
+    if stored:
+        want = spark.createDataFrame([(i,) for i in stored], "sample_id string")
+        rows = (spark.read.format("lance").option("version", str(version))
+                .option("columns", ",".join(columns)).load(paths.curated)
+                .join(F.broadcast(want), "sample_id", "left_semi").select(*columns))
+        current += rows.toArrow().cast(schema).to_pylist()
+    sc.setJobDescription(None)
+    if len(current) != len(added) + len(stored):
+        # The dedup table names rows the curated table lacks but no delete removed:
+        # it does not describe the version it says it covers. Plan over the table.
+        log.info("dedup: the stored rows do not match curated version %d: planning in Spark",
+                 covered)
+        return None
+
+    plan = plan_local(current, prior.values(), cfg.dedup, run_id)
+    sc.setJobDescription("lakeshard dedup: merge Delta dedup")
+    if plan.changes or plan.removed:
+        fields = DEDUP_SCHEMA.fields
+        changes = spark.createDataFrame(
+            [tuple(r[f.name] for f in fields) for r in plan.changes], DEDUP_SCHEMA)
+        removed = spark.createDataFrame([(i,) for i in plan.removed], "sample_id string")
+        merge_dedup(spark, paths.dedup, changes, removed, ASSIGNMENT_COLUMNS)
+    sc.setJobDescription(None)
+    stats = update_stats(stats, plan.changes, plan.removed, prior)
+    delta_version = _record(spark, paths.dedup, state, params, version,
+                            {"by": stats["by"], "clusters": stats["clusters"]})
+    return DedupResult(
+        paths.dedup, delta_version, "incremental (driver)", version, plan.new_rows,
+        plan.pairs, 0, len(plan.changes), len(plan.removed), stats["clusters"],
+        _counts(stats["by"], [s.name for s in cfg.sources]),
     )
 
 

@@ -92,7 +92,9 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     # Latents (fixed-shape ndarray bytes, tens of kB per sample) are taken the same way.
     fetched = {out: src for out, src in mapping.items() if out == "image" or out in encodings}
     small = sorted({src for out, src in mapping.items() if out not in fetched})
-    identity = "image_sha256" if exp.incremental else None
+    # A row's image, in its fingerprint (an incremental export's diff), by its hash.
+    identity = ("image_sha256" if exp.incremental and "image_sha256" in table.schema.names
+                else None)
     if identity and identity not in small:
         small.append(identity)
 

@@ -1,0 +1,214 @@
+"""The driver's dedup plan (etl.transforms.dedup_local) against Spark's (plan_dedup):
+the same changes and removals on the same tables, and stats carried forward equal to
+stats counted again."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from datetime import datetime, timedelta
+
+import pytest
+
+from etl.config import DedupConfig
+from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
+from etl.transforms.dedup_local import plan_local, update_stats
+
+ROW_DDL = ("sample_id string, source string, image_sha256 string, dhash long, width int, "
+           "height int, original_width int, original_height int, ingested_at timestamp")
+T0 = datetime(2026, 1, 1)
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= (1 << 63) else v
+
+
+class Table:
+    """Curated rows (ROW_COLUMNS) with planted exact and near duplicates."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed)
+        self.rows: dict[str, dict] = {}
+        self.serial = 0
+
+    def _flip(self, h: int, bits: int) -> int:
+        u = h & ((1 << 64) - 1)
+        for b in self.rng.sample(range(64), bits):
+            u ^= 1 << b
+        return _signed(u)
+
+    def add(self, n: int) -> list[str]:
+        added = []
+        for _ in range(n):
+            self.serial += 1
+            sid = f"r{self.serial:04d}"
+            pick = self.rng.random()
+            existing = list(self.rows.values())
+            if existing and pick < 0.2:  # an exact copy of some row
+                base = self.rng.choice(existing)
+                sha, dhash = base["image_sha256"], base["dhash"]
+            elif existing and pick < 0.5:  # a near copy (1-6 bits: some beyond 4)
+                base = self.rng.choice(existing)
+                sha, dhash = f"sha{self.serial}", self._flip(base["dhash"], self.rng.randint(1, 6))
+            else:
+                sha, dhash = f"sha{self.serial}", _signed(self.rng.getrandbits(64))
+            w, h = self.rng.choice([(64, 64), (128, 64), (64, 128), (128, 128)])
+            self.rows[sid] = {
+                "sample_id": sid, "source": self.rng.choice(["a", "b", "c"]),
+                "image_sha256": sha, "dhash": dhash, "width": w, "height": h,
+                "original_width": w * self.rng.choice([1, 2]), "original_height": h,
+                "ingested_at": T0 + timedelta(minutes=self.rng.randint(0, 5)),
+            }
+            added.append(sid)
+        return added
+
+    def remove(self, n: int) -> None:
+        for sid in self.rng.sample(sorted(self.rows), n):
+            del self.rows[sid]
+
+    def reimage(self, n: int) -> None:
+        """Rows whose image changed (same id, new bytes): some to a copy of another."""
+        for sid in self.rng.sample(sorted(self.rows), n):
+            other = self.rng.choice(list(self.rows.values()))
+            self.rows[sid] = {**self.rows[sid], "image_sha256": f"new-{sid}",
+                              "dhash": self._flip(other["dhash"], self.rng.randint(0, 2))}
+
+    def frame(self, spark):
+        cols = ROW_COLUMNS
+        return spark.createDataFrame([tuple(r[c] for c in cols) for r in self.rows.values()],
+                                     ROW_DDL)
+
+
+def _collect(df) -> list[dict]:
+    return sorted((r.asDict() for r in df.collect()), key=lambda r: r["sample_id"])
+
+
+def _apply(table: dict[str, dict], changes, removed) -> dict[str, dict]:
+    out = {k: v for k, v in table.items() if k not in set(removed)}
+    out.update({r["sample_id"]: dict(r) for r in changes})
+    return out
+
+
+def _stats(assignments: dict[str, dict]) -> dict:
+    by: dict[str, Counter] = {}
+    for r in assignments.values():
+        by.setdefault(r["source"], Counter())[r["dup_kind"]] += 1
+    clusters = {r["dup_cluster_id"] for r in assignments.values() if r["cluster_size"] > 1}
+    return {"by": {s: dict(sorted(k.items())) for s, k in sorted(by.items())},
+            "clusters": len(clusters)}
+
+
+@pytest.mark.parametrize("seed,policy", [
+    (1, ("resolution", "source_priority", "earliest")),
+    (2, ("earliest", "resolution")),
+    (3, ("source_priority", "earliest")),
+])
+def test_driver_plan_equals_spark_plan_night_after_night(spark, seed, policy):
+    cfg = DedupConfig(policy=policy, source_priority=("b", "a"))
+    table = Table(seed)
+    table.add(120)
+    first = plan_dedup(table.frame(spark), None, cfg, "run0")
+    assignments = {r["sample_id"]: r for r in _collect(first.changes)}
+    stats = _stats(assignments)
+    prior_df = None
+    for night in range(1, 4):
+        table.add(25)
+        table.remove(6)
+        table.reimage(5)
+        prior_df = spark.createDataFrame(
+            [tuple(r[c] for c in ASSIGNMENT_COLUMNS) for r in assignments.values()],
+            "sample_id string, source string, image_sha256 string, dhash long, "
+            "dup_cluster_id string, is_canonical boolean, dup_kind string, "
+            "cluster_size long, run_id string")
+        expected = plan_dedup(table.frame(spark), prior_df, cfg, f"run{night}")
+        want_changes = _collect(expected.changes)
+        want_removed = sorted(r["sample_id"] for r in expected.removed.collect())
+
+        got = plan_local(list(table.rows.values()), list(assignments.values()), cfg,
+                         f"run{night}")
+        assert got.changes == want_changes
+        assert got.removed == want_removed
+        assert (got.new_rows, got.pairs) == (expected.new_rows, expected.pairs)
+        assert want_changes, "the night changed nothing: the scenario tests nothing"
+
+        stats = update_stats(stats, got.changes, got.removed, assignments)
+        assignments = _apply(assignments, got.changes, got.removed)
+        assert stats == _stats(assignments)
+        assert stats["clusters"] > 0
+
+
+def _picture(rng, size=(96, 80)):
+    import numpy as np
+    from PIL import Image
+
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w]
+    a, b, c = rng.uniform(-1, 1, 3)
+    base = np.sin(a * x / 7 + b * y / 9 + c * 3) * 100 + 128
+    img = np.stack([base, base[::-1], base[:, ::-1]], -1) + rng.normal(0, 8, (h, w, 3))
+    return Image.fromarray(np.clip(img, 0, 255).astype("uint8"))
+
+
+@pytest.mark.slow
+def test_driver_increment_equals_spark_increment_on_the_same_table(spark, tmp_path):
+    """The same night -- new pictures (copies and near copies among them), deleted files,
+    files replaced by other pictures -- deduplicated twice from copies of the same
+    root: planned in the driver, and by Spark over the whole table. Same table after."""
+    import shutil
+
+    import numpy as np
+    from conftest import make_config
+
+    from etl import tables
+    from etl.pipeline.runner import run_pipeline
+
+    rng = np.random.default_rng(5)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    pics = [_picture(rng) for _ in range(24)]
+    for i, pic in enumerate(pics):
+        pic.save(photos / f"p{i:02d}.jpg", quality=90)
+    pics[0].save(photos / "copy_of_0.jpg", quality=90)  # an exact copy
+    pics[1].resize((120, 100)).save(photos / "near_1.jpg", quality=70)  # a near copy
+
+    def config(root, driver_rows):
+        return make_config(root, sources=[{"name": "photos", "kind": "image_folder",
+                                           "path": str(photos)}],
+                           dedup={"driver_max_rows": driver_rows})
+
+    run_pipeline(config(tmp_path / "root", 50_000), only=("curate", "dedup"))
+
+    # The night: 2 copies and 2 near copies of stored pictures, 2 new ones, 3 files
+    # deleted, 2 replaced by other pictures (one by a copy of a stored picture).
+    for i, j in ((2, 0), (3, 4)):
+        pics[j].save(photos / f"night_copy_{i}.jpg", quality=90)
+    pics[5].resize((160, 120)).save(photos / "night_near_5.jpg", quality=75)
+    pics[1].resize((140, 120)).save(photos / "night_near_1.jpg", quality=75)
+    for i in range(2):
+        _picture(rng).save(photos / f"night_new_{i}.jpg", quality=90)
+    for name in ("p06.jpg", "p07.jpg", "copy_of_0.jpg"):
+        (photos / name).unlink()
+    _picture(rng).save(photos / "p08.jpg", quality=90)
+    pics[9].save(photos / "p10.jpg", quality=90)
+    run_pipeline(config(tmp_path / "root", 50_000), only=("curate",))
+    shutil.copytree(tmp_path / "root", tmp_path / "root2")
+
+    by_driver = run_pipeline(config(tmp_path / "root", 50_000), only=("dedup",))
+    by_spark = run_pipeline(config(tmp_path / "root2", 0), only=("dedup",))
+    d, s = by_driver.detail("dedup"), by_spark.detail("dedup")
+    assert (d.mode, s.mode) == ("incremental (driver)", "incremental")
+    assert d.new_rows == s.new_rows >= 6 and d.removed == s.removed >= 3
+    assert (d.changed, d.clusters, d.counts) == (s.changed, s.clusters, s.counts)
+
+    def table(root):
+        path = tables.layout(config(root, 0)).dedup
+        return sorted(tuple(r[c] for c in ASSIGNMENT_COLUMNS if c != "run_id")
+                      for r in spark.read.format("delta").load(path).collect())
+
+    assert table(tmp_path / "root") == table(tmp_path / "root2")
+    assert any(r[6] == "near" for r in table(tmp_path / "root"))
+    assert any(r[6] == "exact" for r in table(tmp_path / "root"))
+    # Each run's carried-forward stats equal the other's counted ones: the next night's
+    # shortcuts start from the truth.
+    again = run_pipeline(config(tmp_path / "root", 50_000), only=("dedup",)).detail("dedup")
+    assert again.from_metadata and (again.counts, again.clusters) == (s.counts, s.clusters)
