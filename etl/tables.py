@@ -38,6 +38,7 @@ from etl.errors import TableMissingError
 __all__ = [
     "CURATED",
     "row_layout",
+    "delta_exists",
     "MANIFEST",
     "REJECTS",
     "ACCOUNTING",
@@ -209,6 +210,13 @@ def _not_found(exc: Exception) -> bool:
     """pylance's "no dataset here" (as opposed to a store that did not answer)."""
     text = str(exc)
     return "was not found" in text or "Not found:" in text.split(",", 1)[0]
+
+
+def delta_exists(path: str) -> bool:
+    """Whether there is a Delta table at `path` (its log read here, no Spark job)."""
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(object_url(path), storage_options=delta_rs_storage(path))
 
 
 def lance_exists(path: str) -> bool:

@@ -137,11 +137,19 @@ def _skipped_containers(cfg: Config, manifest: DataFrame | None
     return skip, counts
 
 
-def _replace_changed(spark: SparkSession, curated_path: str, ids: DataFrame) -> int:
-    """Delete curated rows of records being (re)written now: changed records, and rows
-    a run that died before recording its manifest left behind."""
+# Up to this many records written in a run are replaced by one Lance merge-delete from
+# the driver (no Spark job); more, by a Spark join first.
+_DRIVER_IDS = 100_000
+
+
+def _replace_changed(spark: SparkSession, curated_path: str, ids: DataFrame,
+                     count: int) -> int:
+    """Delete curated rows of records being (re)written now (`count` of them): changed
+    records, and rows a run that died before recording its manifest left behind."""
     if not tables.lance_exists(curated_path):
         return 0
+    if count <= _DRIVER_IDS:  # Lance joins them against the table itself
+        return delete_rows(curated_path, [r.sample_id for r in ids.collect()])
     existing = spark.read.format("lance").option("columns", "sample_id").load(curated_path)
     stale = [r.sample_id for r in existing.join(ids, "sample_id", "left_semi").collect()]
     return delete_rows(curated_path, stale)
@@ -347,7 +355,8 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     replaced = 0
     if processed:  # a run with nothing new writes nothing but its accounting
         replaced = _replace_changed(
-            spark, paths.curated, prepared.where(F.col("occurrence") == 1).select("sample_id")
+            spark, paths.curated, prepared.where(F.col("occurrence") == 1).select("sample_id"),
+            processed,
         )
     if n_accepted or not tables.lance_exists(paths.curated):
         accepted.write.format("lance").mode("append").save(paths.curated)
@@ -358,7 +367,9 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     # merge bronze; then what left the sources leaves every table (the manifest last)
     sc.setJobDescription("lakeshard curate: merge Delta rejects, manifest, accounting")
     if processed or manifest is None:
-        merge_rejects(spark, rejected_rows(prepared, run_id=run_id), paths.rejects)
+        # Nothing rejected this run: a MERGE would insert nothing (once the table exists).
+        if processed > n_accepted or not tables.delta_exists(paths.rejects):
+            merge_rejects(spark, rejected_rows(prepared, run_id=run_id), paths.rejects)
         merge_manifest(spark, manifest_rows(prepared, run_id=run_id, ingested_at=now),
                        paths.manifest)
     gone = None

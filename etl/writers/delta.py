@@ -110,10 +110,16 @@ def merge_manifest(spark: SparkSession, records: DataFrame, path: str) -> None:
 
 
 def merge_accounting(spark: SparkSession, rows: DataFrame, path: str) -> None:
-    """Record a run's counts; writing the same run again changes nothing."""
+    """Record a run's counts; writing the same run again changes nothing.
+
+    The rows of a run the table does not hold yet (every run's first write) are one
+    append by delta-rs in this process (a few dozen rows: no MERGE, no Spark job to
+    write them); otherwise, or for a table delta-rs cannot write, a Spark MERGE."""
     from delta.tables import DeltaTable
 
     _ensure(spark, path, ACCOUNTING_SCHEMA)
+    if _append_new_runs(rows.select(*ACCOUNTING_SCHEMA.fieldNames()).toArrow(), path):
+        return
     cond = " AND ".join(
         f"t.{c} <=> s.{c}" for c in ("run_id", "source", "status", "stage", "reason",
                                      "filter_reason")
@@ -125,6 +131,37 @@ def merge_accounting(spark: SparkSession, rows: DataFrame, path: str) -> None:
         .whenNotMatchedInsertAll()
         .execute()
     )
+
+
+def _append_new_runs(data, path: str) -> bool:
+    """Append accounting rows with delta-rs if none of their runs is in the table yet;
+    False when that cannot be done (then the caller MERGEs)."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from deltalake.exceptions import DeltaError
+
+    from etl import tables
+
+    try:
+        table = tables.delta_rs_table(path, write=True)
+        if table is None:
+            return False
+        runs = sorted(set(data.column("run_id").to_pylist()))
+        if runs and table.to_pyarrow_table(columns=["run_id"],
+                                           filters=[("run_id", "in", runs)]).num_rows:
+            return False  # the same run again: the MERGE keeps it idempotent
+        schema = pa.schema([
+            pa.field(f.name, pa.timestamp("us", tz="UTC")
+                     if f.dataType.typeName() == "timestamp"
+                     else pa.from_numpy_dtype("int64") if f.dataType.typeName() == "long"
+                     else pa.string(), f.nullable)
+            for f in ACCOUNTING_SCHEMA.fields])
+        write_deltalake(table, data.cast(schema), mode="append")
+        return True
+    except DeltaError as exc:
+        if tables.delta_rs_unsupported(exc):
+            return False
+        raise
 
 
 def delete_rejects(spark: SparkSession, ids: DataFrame, path: str) -> None:
