@@ -8,7 +8,10 @@ stages curate, dedup, export: the first, the same again on unchanged input, and 
 after adding `--increment` (1 %) new photos. Per run: each stage's seconds and the time
 outside the stages, from the run's own events (``stage_end`` seconds, ``run_end``), and
 the wall time of the call; last, the two ratios (no-op / first, increment / first).
-Spark's start-up is paid once, before the first run, and printed apart.
+Spark's start-up is paid once, before the first run, and printed apart. The export has
+N / 250 partitions (`--rows-per-partition`), so that a partition -- what a row leaving
+the export costs to rewrite -- stays the same size as N grows. `--jobs` also lists the
+increment's Spark jobs with their seconds (from Spark's event log).
 
     .venv/bin/python bench/nightly.py               # 2,000 photos
     .venv/bin/python bench/nightly.py --n 200       # a quick look
@@ -145,6 +148,9 @@ def main() -> None:
     ap.add_argument("--increment", type=float, default=0.01, help="fraction added")
     ap.add_argument("--report", action="store_true", help="also write the HTML report")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rows-per-partition", type=int, default=250,
+                    help="export partitions = N / this (at least 2): a partition's size "
+                         "stays put as N grows, as the scale plan sizes them")
     ap.add_argument("--work", default=None, help="folder for photos and tables (temp)")
     ap.add_argument("--jobs", action="store_true",
                     help="also print the Spark jobs of the increment run (from Spark's "
@@ -162,7 +168,7 @@ def main() -> None:
         "spark": {"master": "local[2]", "jars_dir": str(repo / ".jars"), "conf": {
             "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}},
         "sources": [{"name": "photos", "kind": "image_folder", "path": str(work / "photos")}],
-        "exports": {"train": {}},
+        "exports": {"train": {"partitions": max(2, args.n // args.rows_per_partition)}},
         "run": {"report": args.report, "progress_interval_s": 0},
     }
     if args.jobs:

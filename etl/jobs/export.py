@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -108,7 +109,21 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
             reader = reader.option("filter", exp.where)
         return reader
 
-    curated = read(small).option("row_address", "true").load(curated_path)
+    # Read from Lance once: the counts below, the diff of an incremental export and the
+    # write all scan these rows (small columns and row addresses, no image bytes).
+    curated = read(small).option("row_address", "true").load(curated_path).persist(
+        StorageLevel.MEMORY_AND_DISK)
+    try:
+        return _export(spark, cfg, name, exp, table, curated, expected, mapping, fetched,
+                       encodings, identity)
+    finally:
+        curated.unpersist()
+
+
+def _export(spark, cfg: Config, name: str, exp, table, curated: DataFrame, expected: int,
+            mapping: dict, fetched: dict, encodings: dict, identity: str | None
+            ) -> ExportResult:
+    curated_path = tables.layout(cfg).curated
     duplicates = None
     if not exp.include_duplicates:
         duplicates = tables.non_canonical_ids(spark, cfg, table.version)
@@ -128,7 +143,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
                 memo["expected"], memo["excluded_duplicates"], memo["duplicates_fingerprint"])
         else:
             matching = expected
-            expected = read(["sample_id"]).load(curated_path).join(
+            expected = curated.select("sample_id").join(
                 duplicates, "sample_id", "left_anti"
             ).count()
             excluded, fingerprint = matching - expected, ids_fingerprint(duplicates)
@@ -148,7 +163,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     taken_down = _taken_down(spark, cfg)
     left_out = duplicates
     if taken_down is not None and not taken_down.isEmpty():
-        kept = read(["sample_id"]).load(curated_path)
+        kept = curated.select("sample_id")
         if duplicates is not None:
             kept = kept.join(duplicates, "sample_id", "left_anti")
         remaining = kept.join(taken_down, "sample_id", "left_anti").count()
