@@ -194,3 +194,34 @@ def test_latent_export_columns_read_shapes_from_the_field_metadata():
     assert required == ["latent_caption_original_t5"]
     with pytest.raises(ConfigError, match="no latents of encoder 'clip'"):
         latent_export_columns(ExportConfig(name="t", latents=("clip",)), schema)
+
+
+def test_a_runs_accounting_is_appended_once_and_merged_on_a_repeat(spark, tmp_path):
+    """A run's first accounting write is one delta-rs append (no MERGE); writing the same
+    run's rows again (a retried write) goes through the MERGE and adds nothing; times
+    read back as written (UTC)."""
+    from deltalake import DeltaTable
+
+    from etl.schema import ACCOUNTING_SCHEMA
+    from etl.writers.delta import merge_accounting
+
+    path = str(tmp_path / "accounting")
+    at = datetime(2026, 11, 30, 23, 5, 7)
+
+    def rows(run_id, n):
+        return spark.createDataFrame(
+            [(run_id, at, "photos", "accepted", None, None, None, n),
+             (run_id, at, "photos", "rejected", "prepare", "undecodable", None, 1)],
+            ACCOUNTING_SCHEMA)
+
+    merge_accounting(spark, rows("r1", 5), path)  # creates the table (Spark)
+    merge_accounting(spark, rows("r2", 7), path)
+    merge_accounting(spark, rows("r2", 7), path)  # the same run again
+    history = DeltaTable(path).history()
+    appends = [h for h in history if h["operation"] == "WRITE"
+               and h.get("engineInfo", "").startswith("delta-rs")]
+    assert len(appends) == 2  # r1 and r2 once each; the repeat was not appended
+    got = sorted((r.run_id, r.status, r["count"], r.run_at) for r in
+                 spark.read.format("delta").load(path).collect())
+    assert got == [("r1", "accepted", 5, at), ("r1", "rejected", 1, at),
+                   ("r2", "accepted", 7, at), ("r2", "rejected", 1, at)]
