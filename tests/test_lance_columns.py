@@ -49,7 +49,13 @@ def test_new_column_for_some_rows_leaves_image_files_byte_identical(spark, tmp_p
     got = _column(path, "cap")
     assert got == {f"s{i:03d}": wanted.get(f"s{i:03d}") for i in range(30)}
     assert (res.rows, res.unmatched, res.columns) == (10, 1, ("cap",))
-    assert res.fragments == 3 and res.version == lance.dataset(path).version
+    # The fragments holding a wanted row (rows land in the 3 fragments at random, so
+    # counted from the table, not assumed to be all 3).
+    holding = sum(
+        1 for f in lance.dataset(path).get_fragments()
+        if set(f.to_table(columns=["sample_id"]).column(0).to_pylist()) & set(wanted))
+    assert 1 <= holding <= 3
+    assert res.fragments == holding and res.version == lance.dataset(path).version
     assert 0 < res.bytes_written < table_bytes / 20
     # The images still read back unchanged and the row count did not move.
     assert lance.dataset(path).count_rows() == 30
