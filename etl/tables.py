@@ -38,6 +38,7 @@ from etl.errors import TableMissingError
 __all__ = [
     "CURATED",
     "row_layout",
+    "deleted_rows",
     "delta_exists",
     "MANIFEST",
     "REJECTS",
@@ -384,14 +385,17 @@ class DedupCoverage:
         return bool(self.uncovered or self.removed)
 
 
+def deleted_rows(fragment) -> int:
+    """Rows a Lance fragment's deletion file marks deleted (0 without one)."""
+    d = fragment.metadata.deletion_file
+    return d.num_deleted_rows if d is not None else 0
+
+
 def row_layout(ds) -> set[tuple[int, int, int]]:
     """Which rows a Lance version holds, as its fragments' (id, physical rows, deleted
     rows): appends and deletes change it, new or rewritten columns do not."""
-    return {
-        (f.fragment_id, f.metadata.physical_rows,
-         f.metadata.deletion_file.num_deleted_rows if f.metadata.deletion_file else 0)
-        for f in ds.get_fragments()
-    }
+    return {(f.fragment_id, f.metadata.physical_rows, deleted_rows(f))
+            for f in ds.get_fragments()}
 
 
 def dedup_coverage(spark, cfg: Config, curated_version: int) -> DedupCoverage | None:

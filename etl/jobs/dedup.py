@@ -183,11 +183,6 @@ def _up_to_date(spark, cfg: Config, state: dict | None, params: str,
     )
 
 
-def _deleted(fragment) -> int:
-    d = fragment.metadata.deletion_file
-    return d.num_deleted_rows if d is not None else 0
-
-
 def _driver_increment(spark: SparkSession, cfg: Config, state: dict | None, params: str,
                       version: int, run_id: str) -> DedupResult | None:
     """An increment planned in the driver (:func:`etl.transforms.dedup_local.plan_local`)
@@ -224,9 +219,10 @@ def _driver_increment(spark: SparkSession, cfg: Config, state: dict | None, para
         return None  # a fragment changed its rows in place: not something Lance does
     gone = [i for i in old if i not in new]  # rewritten (purged, compacted) or dropped
     appended = [i for i in new if i not in old]  # appended, or the rewrites' output
-    shrunk = [i for i in old if i in new and _deleted(new[i]) != _deleted(old[i])]
+    n_deleted = tables.deleted_rows
+    shrunk = [i for i in old if i in new and n_deleted(new[i]) != n_deleted(old[i])]
     if (sum(old[i].count_rows() for i in gone) + sum(new[i].count_rows() for i in appended)
-            + sum(_deleted(new[i]) - _deleted(old[i]) for i in shrunk)) > limit:
+            + sum(n_deleted(new[i]) - n_deleted(old[i]) for i in shrunk)) > limit:
         return None
     sc = spark.sparkContext
     sc.setJobDescription("lakeshard dedup: rows the increment touches")
