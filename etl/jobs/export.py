@@ -114,104 +114,96 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     curated = read(small).option("row_address", "true").load(curated_path).persist(
         StorageLevel.MEMORY_AND_DISK)
     try:
-        return _export(spark, cfg, name, exp, table, curated, expected, mapping, fetched,
-                       encodings, identity)
+        duplicates = None
+        if not exp.include_duplicates:
+            duplicates = tables.non_canonical_ids(spark, cfg, table.version)
+        dedup_manifest: dict = {"include_duplicates": exp.include_duplicates}
+        memo = _read_memo(cfg, name) or {}
+        memo_inputs = None
+        if duplicates is not None:
+            # Non-canonical duplicates stay in the table; the export leaves them out.
+            # What was left out, as content (not as a Delta version): an unchanged dedup
+            # result keeps the export key, so a rerun stays a no-op.
+            # excluded_duplicates: rows matching `where` left out (verify-export subtracts it).
+            memo_inputs = {"table_version": table.version, "where": exp.where,
+                           "dedup_version": tables.delta_version(spark, tables.layout(cfg).dedup)}
+            if memo.get("inputs") == memo_inputs:
+                # The same table versions: the same figures, without reading either table.
+                expected, excluded, fingerprint = (
+                    memo["expected"], memo["excluded_duplicates"], memo["duplicates_fingerprint"])
+            else:
+                matching = expected
+                expected = curated.select("sample_id").join(
+                    duplicates, "sample_id", "left_anti"
+                ).count()
+                excluded, fingerprint = matching - expected, ids_fingerprint(duplicates)
+            dedup_manifest.update(excluded_duplicates=excluded,
+                                  duplicates_fingerprint=fingerprint)
+        after_dedup = expected  # what the memo keeps: takedowns are applied afresh each time
+        # Removals: rows that left the table, and (normally none) rows a takedown names that
+        # are still in it because a run died before deleting them.
+        # The removal figures as of the manifest's version: the same version, the same
+        # figures (from the memo, without a Spark job over the manifest).
+        manifest_version = tables.delta_version(spark, tables.layout(cfg).manifest)
+        if manifest_version is not None and memo.get("manifest_version") == manifest_version:
+            removals = dict(memo["removals"])
+        else:
+            removals = _removals(spark, cfg)
+        memo_removals = dict(removals)
+        taken_down = _taken_down(spark, cfg)
+        left_out = duplicates
+        if taken_down is not None and not taken_down.isEmpty():
+            kept = curated.select("sample_id")
+            if duplicates is not None:
+                kept = kept.join(duplicates, "sample_id", "left_anti")
+            remaining = kept.join(taken_down, "sample_id", "left_anti").count()
+            removals["excluded_taken_down"] = expected - remaining
+            expected = remaining
+            left_out = taken_down if duplicates is None else duplicates.unionByName(taken_down)
+        rows = export_rows(
+            curated, mapping, captions=set(exp.captions), fetched=set(fetched),
+            duplicates=left_out, row_address=ROW_ADDRESS, identity=identity,
+        )
+        for f in rows.schema.fields:  # MDS encodings checked before the job starts
+            if f.name not in (ROW_ADDRESS, "_identity") and f.name not in encodings:
+                mds_encoding(f.dataType, f.name)
+
+        result = export_mds(
+            rows,
+            tables.export_path(cfg, name),
+            partitions=exp.partitions,
+            size_limit=exp.size_limit,
+            compression=exp.compression,
+            hashes=exp.hashes,
+            seed=exp.seed,
+            blobs=BlobSource(curated_path, table.version, fetched),
+            buckets=exp.buckets,
+            jpeg_quality=cfg.prepare.jpeg_quality,
+            encodings=encodings or None,
+            manifest={"name": name, "table": curated_path, "where": exp.where,
+                      "sources": dict(mapping)},
+            # What changes with the table's content: an incremental export diffs rows when
+            # only this changed since the export in place.
+            lineage={"table_version": table.version, "dedup": dedup_manifest,
+                     "removals": removals},
+            incremental=exp.incremental,
+            identity="_identity" if identity else None,
+        )
+        if result.samples != expected:
+            raise RuntimeError(
+                f"export {name!r} has {result.samples} samples, the table has {expected} "
+                f"matching {exp.where!r}"
+            )
+        new_memo = {"inputs": memo_inputs, "expected": after_dedup,
+                    "manifest_version": manifest_version, "removals": memo_removals,
+                    **{k: dedup_manifest.get(k) for k in (
+                        "excluded_duplicates", "duplicates_fingerprint")}}
+        if new_memo != memo:
+            _write_memo(cfg, name, new_memo)
+        return result
+
     finally:
         curated.unpersist()
-
-
-def _export(spark, cfg: Config, name: str, exp, table, curated: DataFrame, expected: int,
-            mapping: dict, fetched: dict, encodings: dict, identity: str | None
-            ) -> ExportResult:
-    curated_path = tables.layout(cfg).curated
-    duplicates = None
-    if not exp.include_duplicates:
-        duplicates = tables.non_canonical_ids(spark, cfg, table.version)
-    dedup_manifest: dict = {"include_duplicates": exp.include_duplicates}
-    memo = _read_memo(cfg, name) or {}
-    memo_inputs = None
-    if duplicates is not None:
-        # Non-canonical duplicates stay in the table; the export leaves them out.
-        # What was left out, as content (not as a Delta version): an unchanged dedup
-        # result keeps the export key, so a rerun stays a no-op.
-        # excluded_duplicates: rows matching `where` left out (verify-export subtracts it).
-        memo_inputs = {"table_version": table.version, "where": exp.where,
-                       "dedup_version": tables.delta_version(spark, tables.layout(cfg).dedup)}
-        if memo.get("inputs") == memo_inputs:
-            # The same table versions: the same figures, without reading either table.
-            expected, excluded, fingerprint = (
-                memo["expected"], memo["excluded_duplicates"], memo["duplicates_fingerprint"])
-        else:
-            matching = expected
-            expected = curated.select("sample_id").join(
-                duplicates, "sample_id", "left_anti"
-            ).count()
-            excluded, fingerprint = matching - expected, ids_fingerprint(duplicates)
-        dedup_manifest.update(excluded_duplicates=excluded,
-                              duplicates_fingerprint=fingerprint)
-    after_dedup = expected  # what the memo keeps: takedowns are applied afresh each time
-    # Removals: rows that left the table, and (normally none) rows a takedown names that
-    # are still in it because a run died before deleting them.
-    # The removal figures as of the manifest's version: the same version, the same
-    # figures (from the memo, without a Spark job over the manifest).
-    manifest_version = tables.delta_version(spark, tables.layout(cfg).manifest)
-    if manifest_version is not None and memo.get("manifest_version") == manifest_version:
-        removals = dict(memo["removals"])
-    else:
-        removals = _removals(spark, cfg)
-    memo_removals = dict(removals)
-    taken_down = _taken_down(spark, cfg)
-    left_out = duplicates
-    if taken_down is not None and not taken_down.isEmpty():
-        kept = curated.select("sample_id")
-        if duplicates is not None:
-            kept = kept.join(duplicates, "sample_id", "left_anti")
-        remaining = kept.join(taken_down, "sample_id", "left_anti").count()
-        removals["excluded_taken_down"] = expected - remaining
-        expected = remaining
-        left_out = taken_down if duplicates is None else duplicates.unionByName(taken_down)
-    rows = export_rows(
-        curated, mapping, captions=set(exp.captions), fetched=set(fetched),
-        duplicates=left_out, row_address=ROW_ADDRESS, identity=identity,
-    )
-    for f in rows.schema.fields:  # MDS encodings checked before the job starts
-        if f.name not in (ROW_ADDRESS, "_identity") and f.name not in encodings:
-            mds_encoding(f.dataType, f.name)
-
-    result = export_mds(
-        rows,
-        tables.export_path(cfg, name),
-        partitions=exp.partitions,
-        size_limit=exp.size_limit,
-        compression=exp.compression,
-        hashes=exp.hashes,
-        seed=exp.seed,
-        blobs=BlobSource(curated_path, table.version, fetched),
-        buckets=exp.buckets,
-        jpeg_quality=cfg.prepare.jpeg_quality,
-        encodings=encodings or None,
-        manifest={"name": name, "table": curated_path, "where": exp.where,
-                  "sources": dict(mapping)},
-        # What changes with the table's content: an incremental export diffs rows when
-        # only this changed since the export in place.
-        lineage={"table_version": table.version, "dedup": dedup_manifest,
-                 "removals": removals},
-        incremental=exp.incremental,
-        identity="_identity" if identity else None,
-    )
-    if result.samples != expected:
-        raise RuntimeError(
-            f"export {name!r} has {result.samples} samples, the table has {expected} "
-            f"matching {exp.where!r}"
-        )
-    new_memo = {"inputs": memo_inputs, "expected": after_dedup,
-                "manifest_version": manifest_version, "removals": memo_removals,
-                **{k: dedup_manifest.get(k) for k in (
-                    "excluded_duplicates", "duplicates_fingerprint")}}
-    if new_memo != memo:
-        _write_memo(cfg, name, new_memo)
-    return result
-
 
 def _memo_path(cfg: Config, name: str) -> str:
     return f"{tables.layout(cfg).meta_dir}/exports/{name}.json"
