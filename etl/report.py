@@ -33,6 +33,7 @@ from PIL import Image
 
 from etl import tables
 from etl.config import Config
+from etl.lakehouse.counts import delta_counts, lance_counts
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["write_report", "caption_versions", "dedup_summary", "DedupSummary"]
@@ -41,6 +42,9 @@ _META = ["sample_id", "source", "width", "height", "aspect_ratio", "keep", "filt
          "image_sha256", "dhash"]
 _COLORS = {"kept": "#2e7d32", "flagged": "#f9a825", "rejected": "#c62828",
            "errors": "#6a1b9a"}
+# Corpus-wide counts: curated rows by source and status, rejects by source and reason.
+_STATUS_COLUMNS = ("source", "keep", "filter_reason")
+_REJECT_COLUMNS = ("source", "reason")
 # Clusters on the duplicates' contact sheet, and members shown per cluster.
 _SHEET_CLUSTERS = 6
 _SHEET_MEMBERS = 6
@@ -72,16 +76,31 @@ class DedupSummary:
 
 def dedup_summary(spark, cfg: Config, curated_version: int | None) -> DedupSummary | None:
     """Counts per source and kind, clusters, and the members of the largest clusters,
-    from the Delta dedup table; None when dedup never ran."""
+    from the Delta dedup table; None when dedup never ran.
+
+    The counts come from the stats the dedup run recorded in the table's properties
+    when they still describe it (no table read); the largest clusters from one filtered
+    read, ``cluster_size >=`` the size of the smallest of them (from the recorded
+    clusters per size), which Delta's per-file statistics can skip files with. Without
+    usable stats (a table `forget` wrote to since), the table is counted."""
     from pyspark.sql import functions as F
 
-    table = tables.read_delta(spark, tables.layout(cfg).dedup)
+    path = tables.layout(cfg).dedup
+    table = tables.read_delta(spark, path)
     if table is None:
         return None
-    by_kind = table.groupBy("source", "dup_kind").count().collect()
-    counts: dict[str, dict[str, int]] = {}
-    for r in by_kind:
-        counts.setdefault(r["source"], {})[r["dup_kind"]] = r["count"]
+    state = tables.dedup_state(spark, cfg) or {}
+    stats = tables.dedup_stats(spark, path, state, tables.dedup_params(cfg))
+    if stats is not None:
+        counts = stats["by"]
+        sizes = {int(k): n for k, n in stats["sizes"].items()}
+    else:
+        counts = {}
+        for r in table.groupBy("source", "dup_kind").count().collect():
+            counts.setdefault(r["source"], {})[r["dup_kind"]] = r["count"]
+        sizes = {r["cluster_size"]: r["count"] for r in table.where("cluster_size > 1")
+                 .select("dup_cluster_id", "cluster_size").distinct()
+                 .groupBy("cluster_size").count().collect()}
     order = [s.name for s in cfg.sources] + sorted(set(counts) - {s.name for s in cfg.sources})
     per_source = []
     for name in order:
@@ -93,28 +112,33 @@ def dedup_summary(spark, cfg: Config, curated_version: int | None) -> DedupSumma
             "exact_rate": c.get("exact", 0) / rows if rows else 0.0,
             "near_rate": c.get("near", 0) / rows if rows else 0.0,
         })
-    grouped = table.where("cluster_size > 1")
-    clusters = grouped.select("dup_cluster_id", "cluster_size").distinct()
-    n_clusters = clusters.count()
-    largest = [r["dup_cluster_id"] for r in clusters.orderBy(
-        F.col("cluster_size").desc(), "dup_cluster_id").limit(_SHEET_CLUSTERS).collect()]
-    members = (grouped.where(F.col("dup_cluster_id").isin(largest))
-               .select("dup_cluster_id", "sample_id", "source", "dup_kind", "is_canonical",
-                       "cluster_size").collect()) if largest else []
     sheet = []
-    for cid in largest:
-        mine = sorted((m.asDict() for m in members if m["dup_cluster_id"] == cid),
-                      key=lambda m: (not m["is_canonical"], m["dup_kind"], m["sample_id"]))
-        sheet.append(mine[:_SHEET_MEMBERS])
-    state = tables.dedup_state(spark, cfg) or {}
+    if sizes:
+        # The size of the _SHEET_CLUSTERS-th largest cluster: no smaller one is shown.
+        smallest, seen = 2, 0
+        for size in sorted(sizes, reverse=True):
+            smallest, seen = size, seen + sizes[size]
+            if seen >= _SHEET_CLUSTERS:
+                break
+        grouped = table.where(F.col("cluster_size") >= smallest)
+        largest = [r["dup_cluster_id"] for r in grouped.select(
+            "dup_cluster_id", "cluster_size").distinct().orderBy(
+            F.col("cluster_size").desc(), "dup_cluster_id").limit(_SHEET_CLUSTERS).collect()]
+        members = (grouped.where(F.col("dup_cluster_id").isin(largest))
+                   .select("dup_cluster_id", "sample_id", "source", "dup_kind", "is_canonical",
+                           "cluster_size").collect())
+        for cid in largest:
+            mine = sorted((m.asDict() for m in members if m["dup_cluster_id"] == cid),
+                          key=lambda m: (not m["is_canonical"], m["dup_kind"], m["sample_id"]))
+            sheet.append(mine[:_SHEET_MEMBERS])
     covered = state.get(tables.DEDUP_CURATED_VERSION)
     coverage = (tables.dedup_coverage(spark, cfg, curated_version)
                 if curated_version is not None else None)
     return DedupSummary(
-        table_version=tables.delta_version(spark, tables.layout(cfg).dedup),
+        table_version=tables.delta_version(spark, path),
         covered_version=int(covered) if covered is not None else None,
-        coverage=coverage, clusters=n_clusters,
-        rows_in_clusters=sum(int(r["cluster_size"]) for r in clusters.collect()),
+        coverage=coverage, clusters=sum(sizes.values()),
+        rows_in_clusters=sum(size * n for size, n in sizes.items()),
         per_source=per_source, sheet=sheet,
     )
 
@@ -392,23 +416,26 @@ def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -
         ds = lance.dataset(curated_path)
     except (ValueError, OSError):
         ds = None
-    # Counts over the whole tables (Spark), by source and status / reason.
+    # Counts over the whole tables, by source and status / reason: kept per Lance
+    # fragment and Delta file (etl.lakehouse.counts), so only what changed is read.
     status = pd.DataFrame({"kept": pd.Series(dtype="int64"),
                            "flagged": pd.Series(dtype="int64")})
     reasons = pd.DataFrame(columns=["kind", "reason", "count"])
     if ds is not None:
-        cur = (spark.read.format("lance").option("columns", "source,keep,filter_reason")
-               .load(curated_path).groupBy("source", "keep", "filter_reason").count()
-               .toPandas())
-        kept = cur[cur["keep"]].groupby("source")["count"].sum()
-        flagged = cur[~cur["keep"]].groupby("source")["count"].sum()
+        cur = lance_counts(ds, _STATUS_COLUMNS, paths.counts_cache("curated"))
+        keep = cur["keep"].eq(True)
+        kept = cur[keep].groupby("source")["count"].sum()
+        flagged = cur[~keep].groupby("source")["count"].sum()
         status = pd.DataFrame({"kept": kept, "flagged": flagged})
-        fr = cur[~cur["keep"]].groupby("filter_reason")["count"].sum().reset_index()
+        fr = cur[~keep].groupby("filter_reason")["count"].sum().reset_index()
         reasons = pd.concat([reasons, pd.DataFrame(
             {"kind": "flagged", "reason": fr["filter_reason"], "count": fr["count"]})])
-    if DeltaTable.isDeltaTable(spark, rejects_path):
+    rej = delta_counts(rejects_path, _REJECT_COLUMNS, paths.counts_cache("rejects"))
+    if rej is None and DeltaTable.isDeltaTable(spark, rejects_path):
+        # A rejects table delta-rs does not read: count it with Spark.
         rej = (spark.read.format("delta").load(rejects_path)
-               .groupBy("source", "reason").agg(F.count("*").alias("count")).toPandas())
+               .groupBy(*_REJECT_COLUMNS).agg(F.count("*").alias("count")).toPandas())
+    if rej is not None:
         internal = rej["reason"] == INTERNAL_ERROR
         status = status.join(
             rej[~internal].groupby("source")["count"].sum().rename("rejected"), how="outer"

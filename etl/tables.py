@@ -48,6 +48,7 @@ __all__ = [
     "TAKEDOWNS",
     "DEDUP_PARAMS",
     "DEDUP_CURATED_VERSION",
+    "DEDUP_STATS",
     "Layout",
     "layout",
     "use_storage",
@@ -84,6 +85,12 @@ TAKEDOWNS = "takedowns"
 # the curated table version it covers.
 DEDUP_PARAMS = "lakeshard.dedup.params"
 DEDUP_CURATED_VERSION = "lakeshard.dedup.curatedVersion"
+# The per-source, per-kind row counts, the cluster count and the clusters per size of
+# the dedup table as the last run left it (so that a run with nothing to do, and the
+# report, read no table), with the table version they describe (the run's last data
+# commit; the properties are the commit after it): another writer since (forget) makes
+# them unusable.
+DEDUP_STATS = "lakeshard.dedup.stats"
 
 
 def _join(root: str, *parts: str) -> str:
@@ -141,6 +148,11 @@ class Layout:
     def meta_dir(self) -> str:
         """lakeshard's own state under the root (the layout marker)."""
         return _join(object_url(self.root), "_lakeshard")
+
+    def counts_cache(self, table: str) -> str:
+        """Counts per fragment / data file of a table, kept for the report
+        (:mod:`etl.lakehouse.counts`)."""
+        return _join(self.meta_dir, "counts", f"{table}.json")
 
     @property
     def samples_dir(self) -> str:
@@ -361,6 +373,23 @@ def dedup_state(spark, cfg: Config) -> dict[str, str] | None:
     if meta is None:
         return None
     return {k: v for k, v in meta[1].items() if k.startswith("lakeshard.")}
+
+
+def dedup_stats(spark, path: str, state: dict | None, params: str) -> dict | None:
+    """The dedup table's recorded stats (``by``, ``clusters``, ``sizes``) if they still
+    describe the table at `path`: recorded with the settings `params`, in the present
+    format, and no commit since the run that recorded them (its properties commit
+    aside). None otherwise: the table must be counted."""
+    import json
+
+    if state is None or state.get(DEDUP_PARAMS) != params or DEDUP_STATS not in state:
+        return None
+    stats = json.loads(state[DEDUP_STATS])
+    recorded = stats.get("table_version")
+    if "sizes" not in stats or recorded is None or \
+            delta_version(spark, path) not in (recorded, recorded + 1):
+        return None
+    return stats
 
 
 def dedup_params(cfg: Config) -> str:

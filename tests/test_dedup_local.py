@@ -93,9 +93,11 @@ def _stats(assignments: dict[str, dict]) -> dict:
     by: dict[str, Counter] = {}
     for r in assignments.values():
         by.setdefault(r["source"], Counter())[r["dup_kind"]] += 1
-    clusters = {r["dup_cluster_id"] for r in assignments.values() if r["cluster_size"] > 1}
+    clusters = {r["dup_cluster_id"]: r["cluster_size"] for r in assignments.values()
+                if r["cluster_size"] > 1}
+    sizes = Counter(clusters.values())
     return {"by": {s: dict(sorted(k.items())) for s, k in sorted(by.items())},
-            "clusters": len(clusters)}
+            "clusters": len(clusters), "sizes": {str(k): sizes[k] for k in sorted(sizes)}}
 
 
 POLICIES = (("resolution", "source_priority", "earliest"), ("earliest", "resolution"),

@@ -23,19 +23,12 @@ from etl.config import Config
 from etl.runtime.stage import RunContext, StageResult
 from etl.schema import DEDUP_SCHEMA
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, lsh_masks, plan_dedup
-from etl.transforms.dedup_local import plan_local, update_stats
+from etl.transforms.dedup_local import plan_local, size_histogram, update_stats
 from etl.writers.delta import merge_dedup, set_properties
 
 __all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "check"]
 
 log = logging.getLogger(__name__)
-
-# Delta table property: the per-source, per-kind row counts and the cluster count of
-# the table as the last run left it, so that a run with nothing to do reads no table,
-# and the table version they describe (the run's last data commit; the properties are
-# the commit after it): another writer since (forget) makes them unusable.
-DEDUP_STATS = "lakeshard.dedup.stats"
-
 
 
 @dataclass(frozen=True)
@@ -115,10 +108,13 @@ def dedup(spark: SparkSession, cfg: Config, run_id: str, *, full: bool = False) 
     table = spark.read.format("delta").load(path)
     by = _by_source(table)
     counts = _counts(by, [s.name for s in cfg.sources])
-    clusters = table.where("cluster_size > 1").select("dup_cluster_id").distinct().count()
+    sizes = {r["cluster_size"]: r["count"] for r in table.where("cluster_size > 1")
+             .select("dup_cluster_id", "cluster_size").distinct()
+             .groupBy("cluster_size").count().collect()}
+    clusters = sum(sizes.values())
     sc.setJobDescription(None)
     delta_version = _record(spark, path, state, params, version,
-                            {"by": by, "clusters": clusters})
+                            {"by": by, "clusters": clusters, "sizes": size_histogram(sizes)})
     return DedupResult(
         path, delta_version, mode, version, plan.new_rows, plan.pairs, plan.rounds,
         changed, removed, clusters, counts,
@@ -132,23 +128,11 @@ def _record(spark, path: str, state: dict | None, params: str, version: int,
     that a run killed before this is not taken for up to date. The Delta version after."""
     data_version = tables.delta_version(spark, path)
     props = {tables.DEDUP_PARAMS: params, tables.DEDUP_CURATED_VERSION: str(version),
-             DEDUP_STATS: json.dumps({**stats, "table_version": data_version},
+             tables.DEDUP_STATS: json.dumps({**stats, "table_version": data_version},
                                      sort_keys=True)}
     if state is None or any(state.get(k) != v for k, v in props.items()):
         set_properties(spark, path, props)
     return tables.delta_version(spark, path)
-
-
-def _stats(spark, path: str, state: dict | None, params: str) -> dict | None:
-    """The recorded stats, if they still describe the table: same settings, and no
-    commit since the run that recorded them (its properties commit aside)."""
-    if state is None or state.get(tables.DEDUP_PARAMS) != params or DEDUP_STATS not in state:
-        return None
-    stats = json.loads(state[DEDUP_STATS])
-    recorded = stats.get("table_version")
-    if recorded is None or tables.delta_version(spark, path) not in (recorded, recorded + 1):
-        return None
-    return stats
 
 
 def _same_rows(path: str, covered: int, version: int) -> bool:
@@ -170,7 +154,7 @@ def _up_to_date(spark, cfg: Config, state: dict | None, params: str,
     metadata (a version that only added columns holds the same rows) -- no table is
     read; None when there is something to do (or the stats cannot be trusted)."""
     path = tables.layout(cfg).dedup
-    stats = _stats(spark, path, state, params)
+    stats = tables.dedup_stats(spark, path, state, params)
     if stats is None:
         return None
     covered = int(state.get(tables.DEDUP_CURATED_VERSION, -1))
@@ -203,7 +187,7 @@ def _driver_increment(spark: SparkSession, cfg: Config, state: dict | None, para
 
     limit = cfg.dedup.driver_max_rows
     paths = tables.layout(cfg)
-    stats = _stats(spark, paths.dedup, state, params) if limit else None
+    stats = tables.dedup_stats(spark, paths.dedup, state, params) if limit else None
     if stats is None:
         return None
     covered = int(state.get(tables.DEDUP_CURATED_VERSION, -1))
@@ -304,8 +288,7 @@ def _driver_increment(spark: SparkSession, cfg: Config, state: dict | None, para
         merge_dedup(spark, paths.dedup, changes, removed, ASSIGNMENT_COLUMNS)
     sc.setJobDescription(None)
     stats = update_stats(stats, plan.changes, plan.removed, prior)
-    delta_version = _record(spark, paths.dedup, state, params, version,
-                            {"by": stats["by"], "clusters": stats["clusters"]})
+    delta_version = _record(spark, paths.dedup, state, params, version, stats)
     return DedupResult(
         paths.dedup, delta_version, "incremental (driver)", version, plan.new_rows,
         plan.pairs, 0, len(plan.changes), len(plan.removed), stats["clusters"],

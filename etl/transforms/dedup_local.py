@@ -26,7 +26,7 @@ from typing import Any
 from etl.config import DedupConfig
 from etl.transforms.dedup import lsh_masks
 
-__all__ = ["LocalPlan", "plan_local", "update_stats", "canonical_key"]
+__all__ = ["LocalPlan", "plan_local", "update_stats", "size_histogram", "canonical_key"]
 
 Row = Mapping[str, Any]
 _MASK64 = (1 << 64) - 1
@@ -209,30 +209,38 @@ def plan_local(current: Iterable[Row], prior: Iterable[Row], cfg: DedupConfig,
 
 def update_stats(stats: Mapping[str, Any], changes: Iterable[Row], removed: Iterable[str],
                  prior: Mapping[str, Row]) -> dict:
-    """The dedup table's stats (``{"by": {source: {kind: rows}}, "clusters": n}``, n =
-    clusters of 2+ rows) after `changes` and `removed`, from the stats before and the
-    previous assignments (`prior`, by sample id) of those rows.
+    """The dedup table's stats (``{"by": {source: {kind: rows}}, "clusters": n, "sizes":
+    {size: clusters}}``: rows per source and kind, clusters of 2+ rows and how many of
+    each size) after `changes` and `removed`, from the stats before and the previous
+    assignments (`prior`, by sample id) of those rows.
 
     A cluster whose membership changes has every remaining member among the changes
     (each one's size or cluster id changes), so a cluster id that only the previous
     assignments name is gone, and one the changes name has the size they give it."""
     by: dict[str, Counter] = {s: Counter(k) for s, k in stats["by"].items()}
-    before: set[str] = set()
+    sizes = Counter({int(k): n for k, n in stats["sizes"].items()})
+    before: dict[str, int] = {}
     after: dict[str, int] = {}
     for r in changes:
         p = prior.get(r["sample_id"])
         if p is not None:
             by.setdefault(p["source"], Counter())[p["dup_kind"]] -= 1
             if p["cluster_size"] > 1:
-                before.add(p["dup_cluster_id"])
+                before[p["dup_cluster_id"]] = p["cluster_size"]
         by.setdefault(r["source"], Counter())[r["dup_kind"]] += 1
         after[r["dup_cluster_id"]] = r["cluster_size"]
     for sid in removed:
         p = prior[sid]
         by.setdefault(p["source"], Counter())[p["dup_kind"]] -= 1
         if p["cluster_size"] > 1:
-            before.add(p["dup_cluster_id"])
-    clusters = (stats["clusters"] - len(before)
-                + sum(1 for size in after.values() if size > 1))
+            before[p["dup_cluster_id"]] = p["cluster_size"]
+    sizes.subtract(before.values())
+    sizes.update(size for size in after.values() if size > 1)
     out = {s: {k: n for k, n in sorted(kinds.items()) if n} for s, kinds in sorted(by.items())}
-    return {"by": {s: kinds for s, kinds in out.items() if kinds}, "clusters": clusters}
+    return {"by": {s: kinds for s, kinds in out.items() if kinds},
+            "clusters": sum(sizes.values()), "sizes": size_histogram(sizes)}
+
+
+def size_histogram(sizes: Mapping[int, int]) -> dict[str, int]:
+    """Clusters per size (sizes 2+), as JSON keeps it: string keys, no zero counts."""
+    return {str(k): int(n) for k, n in sorted(sizes.items()) if n}
