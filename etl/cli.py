@@ -209,13 +209,16 @@ def _cmd_forget(args) -> int:
 
 def _cmd_runs(args) -> int:
     from etl import tables
-    from etl.ledger import recent_runs
+    from etl.ledger import recent_runs, recent_runs_local
     from etl.pipeline.summary import format_runs
-    from etl.session import get_spark
 
     cfg = _load(args)
     path = tables.layout(cfg).runs
-    rows = recent_runs(get_spark(cfg), path, limit=args.limit)
+    rows = recent_runs_local(path, limit=args.limit)  # no Spark session to start
+    if rows is None:  # a ledger delta-rs does not read
+        from etl.session import get_spark
+
+        rows = recent_runs(get_spark(cfg), path, limit=args.limit)
     print(format_runs(rows, path, stages=args.stages))
     return 0
 

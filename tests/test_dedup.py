@@ -14,6 +14,7 @@ from importlib import resources
 import lance
 import pytest
 from conftest import make_config
+from deltalake import DeltaTable
 from PIL import Image
 
 from etl import tables
@@ -368,3 +369,25 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(
         f"lakeshard-{again.run_id}-export")
     assert [spark.sparkContext.statusTracker().getJobInfo(j) for j in jobs] == []
+
+    # A night of new, distinct pictures only: the driver's plan inserts them as their
+    # own clusters, one append (delta-rs, no MERGE), and the manifest's rows are
+    # appended too; the recorded stats are still those of a recount.
+    (photos / "more").mkdir()
+    (photos / "more/chelsea.png").write_bytes(_skimage_bytes("chelsea.png"))
+    (photos / "more/rocket.jpg").write_bytes(_reencoded("rocket.jpg", (300, 200), "JPEG"))
+    d4 = run_pipeline(cfg, only=("curate", "dedup")).detail("dedup")
+    s4, _ = state()
+    assert (d4.mode, d4.new_rows, d4.changed) == ("incremental (driver)", 2, 2)
+    assert all(s4[k].dup_kind == "unique" and s4[k].cluster_size == 1
+               for k in ("more/chelsea.png", "more/rocket.jpg"))
+    assert {k: r for k, r in s4.items() if not k.startswith("more/")} == s3
+    ops = [h["operation"] for h in DeltaTable(tables.layout(cfg).dedup).history(2)]
+    assert ops == ["SET TBLPROPERTIES", "WRITE"]  # newest first: no MERGE
+    manifest_ops = [h["operation"] for h in DeltaTable(tables.layout(cfg).manifest).history(1)]
+    assert manifest_ops == ["WRITE"]
+    table = spark.read.format("delta").load(tables.layout(cfg).dedup)
+    assert d4.counts == _counts(_by_source(table), ["photos"])
+    assert d4.clusters == 2
+    assert tables.dedup_stats(spark, tables.layout(cfg).dedup, tables.dedup_state(spark, cfg),
+                              tables.dedup_params(cfg))["sizes"] == {"2": 1, "4": 1}

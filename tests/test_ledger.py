@@ -53,6 +53,21 @@ def _statuses(rows) -> dict[tuple[str, str], str]:
     return {(r["run_id"], r["stage"]): r["status"] for r in rows}
 
 
+def _same_without_spark(spark, path: str, limit: int = 10) -> None:
+    """`lakeshard runs` reads the ledger with delta-rs: the same rows as Spark's query
+    (every column), runs newest first, each run's own row before its stages."""
+    by_spark = [r.asDict() for r in ledger.recent_runs(spark, path, limit=limit)]
+    local = ledger.recent_runs_local(path, limit=limit)
+    assert local is not None
+    key = lambda r: (r["run_id"], r["stage"])  # noqa: E731
+    assert sorted(local, key=key) == sorted(by_spark, key=key)
+    runs = [r["run_id"] for r in by_spark if r["stage"] == "run"]
+    assert [r["run_id"] for r in local if r["stage"] == "run"] == runs
+    assert [r["run_id"] for r in local] == sorted((r["run_id"] for r in local), reverse=True)
+    for run_id in runs:
+        assert next(r for r in local if r["run_id"] == run_id)["stage"] == "run"
+
+
 def test_each_transition_is_one_append_and_the_latest_event_is_the_status(spark, tmp_path):
     from etl.lakehouse.views import register_ledger_views
     from etl.pipeline.summary import format_runs
@@ -109,7 +124,9 @@ def test_each_transition_is_one_append_and_the_latest_event_is_the_status(spark,
     assert all(r["started_at"] == T0 + timedelta(minutes=20) for r in killed)
     assert events.where("run_id = 'r3-killed' AND status = 'running'").count() == 2
 
-    text = format_runs(rows, path, stages=True)
+    _same_without_spark(spark, path)
+    _same_without_spark(spark, path, limit=2)
+    text = format_runs(ledger.recent_runs_local(path), path, stages=True)
     assert "caption:skipped curate:ok dedup:failed" in text
     assert "caption:skipped curate:ok dedup:ok" in text
     assert "accepted=5, rejected=2" in text and "lance:curated=3" in text
@@ -130,6 +147,7 @@ def test_a_ledger_the_merge_era_wrote_is_migrated_and_appended_to(spark, tmp_pat
     expected = {(r["run_id"], r["stage"]): r["status"] for r in before}
     # `lakeshard runs` reads it as it is (it only reads: it migrates nothing).
     assert _statuses(ledger.recent_runs(spark, path)) == expected
+    _same_without_spark(spark, path)
 
     assert migrate(spark, cfg) == ["runs: the ledger is append-only (added recorded_at)"]
     assert migrate(spark, cfg) == []  # the layout marker says it is done
@@ -144,6 +162,7 @@ def test_a_ledger_the_merge_era_wrote_is_migrated_and_appended_to(spark, tmp_pat
     ledger.record(None, path, [{**_base(old_run), "stage": "export", "status": "failed",
                                 "started_at": T0, "note": "appended later"}])
     latest = _statuses(ledger.recent_runs(spark, path))
+    _same_without_spark(spark, path)
     assert latest == {**expected, (old_run, "export"): "failed",
                       ("new-run", "run"): "ok", ("new-run", "caption"): "skipped",
                       ("new-run", "curate"): "ok", ("new-run", "dedup"): "ok"}
@@ -162,5 +181,7 @@ def test_a_ledger_spark_created_with_features_of_its_own_still_records(spark, tm
     _transitions(path, "r1", fail_dedup=True, spark=spark)
     ledger.record(spark, path, [_row("r1", "dedup", "running", 5)])  # a rerun of dedup
     latest = _statuses(ledger.recent_runs(spark, path))
+    # delta-rs leaves a table with deletion vectors to Spark (it would not apply them).
+    assert ledger.recent_runs_local(path) is None
     assert latest == {("r1", "run"): "failed", ("r1", "caption"): "skipped",
                       ("r1", "curate"): "ok", ("r1", "dedup"): "running"}

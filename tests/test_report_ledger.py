@@ -145,7 +145,7 @@ def test_report_renders_in_headless_chromium(finished_run, tmp_path):
 
 
 def test_ledger_has_a_row_per_run_and_stage(spark, finished_run):
-    from etl.ledger import recent_runs
+    from etl.ledger import recent_runs, recent_runs_local
     from etl.pipeline.summary import format_runs
 
     cfg, out, _ = finished_run
@@ -172,6 +172,8 @@ def test_ledger_has_a_row_per_run_and_stage(spark, finished_run):
     text = format_runs(recent_runs(spark, path), path, stages=True)
     assert out.run_id in text and "curate:ok dedup:ok caption:ok export:ok" in text
     assert f"accepted={n}" in text
+    # `lakeshard runs` reads the ledger with delta-rs (no Spark session): the same page.
+    assert format_runs(recent_runs_local(path), path, stages=True) == text
 
 
 def test_events_progress_and_job_groups(spark, finished_run):

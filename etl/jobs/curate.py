@@ -27,6 +27,7 @@ from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config, SourceConfig
+from etl.lakehouse.counts import delta_counts
 from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.lakehouse.maintenance import (
     PurgeResult,
@@ -138,7 +139,8 @@ def _skipped_containers(cfg: Config, manifest: DataFrame | None
 
 
 # Up to this many records written in a run are replaced by one Lance merge-delete from
-# the driver (no Spark job); more, by a Spark join first.
+# the driver (no Spark job), more by a Spark join first; and, when all are new to the
+# manifest, appended to it from the driver (delta-rs) instead of a MERGE.
 _DRIVER_IDS = 100_000
 
 
@@ -262,6 +264,17 @@ def _find_removals(spark: SparkSession, cfg: Config, manifest: DataFrame,
     return reduce(DataFrame.unionByName, parts), scans
 
 
+def _accepted_in_manifest(spark: SparkSession, paths: tables.Layout) -> int:
+    """Manifest rows with status ``accepted``: counted per data file and kept
+    (:mod:`etl.lakehouse.counts`), so a night reads the files its MERGE wrote, not the
+    manifest; Spark counts a table delta-rs does not read."""
+    counts = delta_counts(paths.manifest, ("status",), paths.counts_cache("manifest"))
+    if counts is None:
+        return spark.read.format("delta").load(paths.manifest).where(
+            "status = 'accepted'").count()
+    return int(counts.loc[counts["status"] == "accepted", "count"].sum())
+
+
 def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     sc = spark.sparkContext
     paths = tables.layout(cfg)
@@ -371,7 +384,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         if processed > n_accepted or not tables.delta_exists(paths.rejects):
             merge_rejects(spark, rejected_rows(prepared, run_id=run_id), paths.rejects)
         merge_manifest(spark, manifest_rows(prepared, run_id=run_id, ingested_at=now),
-                       paths.manifest)
+                       paths.manifest, before=manifest if processed <= _DRIVER_IDS else None)
     gone = None
     if removed is not None:
         sc.setJobDescription("lakeshard curate: remove records the sources no longer list")
@@ -397,8 +410,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         df.unpersist()
 
     ds = tables.open_curated(cfg)
-    in_manifest = spark.read.format("delta").load(paths.manifest).where(
-        "status = 'accepted'").count()
+    in_manifest = _accepted_in_manifest(spark, paths)
     if ds.count_rows() != in_manifest:
         raise RuntimeError(
             f"curated table has {ds.count_rows()} rows, the manifest {in_manifest} accepted"

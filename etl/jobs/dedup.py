@@ -24,7 +24,7 @@ from etl.runtime.stage import RunContext, StageResult
 from etl.schema import DEDUP_SCHEMA
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, lsh_masks, plan_dedup
 from etl.transforms.dedup_local import plan_local, size_histogram, update_stats
-from etl.writers.delta import merge_dedup, set_properties
+from etl.writers.delta import append_rows, merge_dedup, set_properties
 
 __all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "check"]
 
@@ -280,8 +280,14 @@ def _driver_increment(spark: SparkSession, cfg: Config, state: dict | None, para
 
     plan = plan_local(current, prior.values(), cfg.dedup, run_id)
     sc.setJobDescription("lakeshard dedup: merge Delta dedup")
-    if plan.changes or plan.removed:
-        fields = DEDUP_SCHEMA.fields
+    fields = DEDUP_SCHEMA.fields
+    # Only new rows, none of them joining a stored row's cluster (a night of new,
+    # distinct pictures): one append from the driver, what the MERGE would do.
+    inserts_only = not plan.removed and not any(r["sample_id"] in prior for r in plan.changes)
+    appended = bool(plan.changes) and inserts_only and append_rows(
+        pa.Table.from_pylist([{f.name: r[f.name] for f in fields} for r in plan.changes]),
+        paths.dedup, DEDUP_SCHEMA)
+    if (plan.changes or plan.removed) and not appended:
         changes = spark.createDataFrame(
             [tuple(r[f.name] for f in fields) for r in plan.changes], DEDUP_SCHEMA)
         removed = spark.createDataFrame([(i,) for i in plan.removed], "sample_id string")

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 import pandas as pd
 import pyarrow as pa
 
-from etl.writers.remote import read_file, write_file
+from etl.writers.remote import read_file, subtree, write_file
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def delta_counts(path: str, columns: Sequence[str], cache: str) -> pd.DataFrame 
         protocol = table.protocol()
         if "deletionVectors" in (protocol.reader_features or []):
             return None
-        dataset = table.to_pyarrow_dataset()
+        dataset = table.to_pyarrow_dataset(filesystem=subtree(tables.object_url(path)))
     except DeltaError as exc:
         if tables.delta_rs_unsupported(exc):
             return None

@@ -26,6 +26,7 @@ from etl.schema import (
     REMOVED,
     TAKEDOWNS_SCHEMA,
 )
+from etl.writers.remote import subtree
 
 __all__ = [
     "merge_rejects",
@@ -35,6 +36,7 @@ __all__ = [
     "delete_rejects",
     "mark_removed",
     "merge_dedup",
+    "append_rows",
     "set_properties",
     "record_takedowns",
     "update_takedowns",
@@ -91,18 +93,31 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str) -> None:
     )
 
 
-def merge_manifest(spark: SparkSession, records: DataFrame, path: str) -> None:
+def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
+                   before: DataFrame | None = None) -> None:
     """Upsert manifest rows on sample_id: new records inserted, records that were
     reprocessed (changed fingerprint, transient failure retried, back after a removal)
-    updated. Records not in `records` -- everything unchanged -- are not touched."""
+    updated. Records not in `records` -- everything unchanged -- are not touched.
+
+    `before`: the manifest as this run read it (materialized), for a small batch of
+    records. When it holds none of them -- a night of new records only -- they are one
+    append by delta-rs in this process, the table a MERGE would leave without the
+    MERGE's Spark jobs; otherwise (or for a table delta-rs cannot write) the MERGE."""
     from delta.tables import DeltaTable
 
     _ensure(spark, path, MANIFEST_SCHEMA)
+    records = records.select(*MANIFEST_SCHEMA.fieldNames())
+    if before is not None:
+        data = records.toArrow()
+        ids = spark.createDataFrame([(i,) for i in data.column("sample_id").to_pylist()],
+                                    "sample_id string")
+        if before.join(F.broadcast(ids), "sample_id", "left_semi").isEmpty() and \
+                append_rows(data, path, MANIFEST_SCHEMA):
+            return
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
-        .merge(records.select(*MANIFEST_SCHEMA.fieldNames()).alias("s"),
-               "t.sample_id = s.sample_id")
+        .merge(records.alias("s"), "t.sample_id = s.sample_id")
         .whenMatchedUpdateAll()
         .whenNotMatchedInsertAll()
         .execute()
@@ -136,8 +151,6 @@ def merge_accounting(spark: SparkSession, rows: DataFrame, path: str) -> None:
 def _append_new_runs(data, path: str) -> bool:
     """Append accounting rows with delta-rs if none of their runs is in the table yet;
     False when that cannot be done (then the caller MERGEs)."""
-    import pyarrow as pa
-    from deltalake import write_deltalake
     from deltalake.exceptions import DeltaError
 
     from etl import tables
@@ -147,16 +160,57 @@ def _append_new_runs(data, path: str) -> bool:
         if table is None:
             return False
         runs = sorted(set(data.column("run_id").to_pylist()))
-        if runs and table.to_pyarrow_table(columns=["run_id"],
-                                           filters=[("run_id", "in", runs)]).num_rows:
+        if runs and table.to_pyarrow_table(
+                columns=["run_id"], filters=[("run_id", "in", runs)],
+                filesystem=subtree(tables.object_url(path))).num_rows:
             return False  # the same run again: the MERGE keeps it idempotent
-        schema = pa.schema([
-            pa.field(f.name, pa.timestamp("us", tz="UTC")
-                     if f.dataType.typeName() == "timestamp"
-                     else pa.from_numpy_dtype("int64") if f.dataType.typeName() == "long"
-                     else pa.string(), f.nullable)
-            for f in ACCOUNTING_SCHEMA.fields])
-        write_deltalake(table, data.cast(schema), mode="append")
+    except DeltaError as exc:
+        if tables.delta_rs_unsupported(exc):
+            return False
+        raise
+    return append_rows(data, path, ACCOUNTING_SCHEMA)
+
+
+# Spark SQL types of lakeshard's Delta tables, as delta-rs writes them.
+_ARROW_TYPES = {"string": "string", "long": "int64", "integer": "int32", "double": "float64",
+                "boolean": "bool", "binary": "binary"}
+
+
+def _arrow_schema(schema: StructType):
+    """The Arrow schema delta-rs writes `schema` with, or None for a type not mapped."""
+    import pyarrow as pa
+
+    fields = []
+    for f in schema.fields:
+        name = f.dataType.typeName()
+        if name == "timestamp":
+            kind = pa.timestamp("us", tz="UTC")
+        elif name in _ARROW_TYPES:
+            kind = pa.type_for_alias(_ARROW_TYPES[name])
+        else:
+            return None
+        fields.append(pa.field(f.name, kind, f.nullable))
+    return pa.schema(fields)
+
+
+def append_rows(data, path: str, schema: StructType) -> bool:
+    """Append the Arrow table `data` (the columns of `schema`) to the Delta table at
+    `path` with delta-rs: one commit from this process, no Spark job. False when
+    delta-rs cannot write this table (a protocol feature it lacks) or these types: the
+    caller writes with Spark. Only the run lock's holder writes (as for every write)."""
+    from deltalake import write_deltalake
+    from deltalake.exceptions import DeltaError
+
+    from etl import tables
+
+    arrow = _arrow_schema(schema)
+    if arrow is None:
+        return False
+    try:
+        table = tables.delta_rs_table(path, write=True)
+        if table is None:
+            return False
+        write_deltalake(table, data.select(schema.fieldNames()).cast(arrow), mode="append")
         return True
     except DeltaError as exc:
         if tables.delta_rs_unsupported(exc):
@@ -232,7 +286,20 @@ def merge_dedup(spark: SparkSession, path: str, changes: DataFrame, removed: Dat
 
 
 def set_properties(spark: SparkSession, path: str, props: Mapping[str, str]) -> None:
-    """Set Delta table properties (one metadata commit)."""
+    """Set Delta table properties (one metadata commit): by delta-rs in this process,
+    or Spark's ``ALTER TABLE`` for a table delta-rs cannot write."""
+    from deltalake.exceptions import DeltaError
+
+    from etl import tables
+
+    try:
+        table = tables.delta_rs_table(path, write=True)
+        if table is not None:
+            table.alter.set_table_properties(dict(props), raise_if_not_exists=False)
+            return
+    except DeltaError as exc:
+        if not tables.delta_rs_unsupported(exc):
+            raise
     settings = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")
 

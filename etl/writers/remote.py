@@ -33,6 +33,7 @@ __all__ = [
     "boto3_client",
     "S3Store",
     "filesystem",
+    "subtree",
     "write_file",
     "read_file",
     "upload_dir",
@@ -167,6 +168,18 @@ def filesystem(path: str):
         kwargs["scheme"] = parsed.scheme
         kwargs["force_virtual_addressing"] = not s.path_style
     return pafs.S3FileSystem(**kwargs), f"{bucket}/{key}".rstrip("/")
+
+
+def subtree(path: str):
+    """A pyarrow filesystem rooted at `path` (local or ``s3://``), for delta-rs's
+    ``to_pyarrow_table`` / ``to_pyarrow_dataset(filesystem=...)``: delta-rs's own
+    Python filesystem wrapper can abort the interpreter at exit ("terminate called
+    without an active exception", delta-io/delta-rs#2184) in a process that did not
+    start Spark; pyarrow's own filesystems do not."""
+    import pyarrow.fs as pafs
+
+    fs, inner = filesystem(path)
+    return pafs.SubTreeFileSystem(inner, fs)
 
 
 def write_file(path: str, data: bytes) -> None:
