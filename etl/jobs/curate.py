@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config, SourceConfig
-from etl.lakehouse.counts import delta_counts
+from etl.lakehouse.counts import manifest_counts
 from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.lakehouse.maintenance import (
     PurgeResult,
@@ -268,7 +268,7 @@ def _accepted_in_manifest(spark: SparkSession, paths: tables.Layout) -> int:
     """Manifest rows with status ``accepted``: counted per data file and kept
     (:mod:`etl.lakehouse.counts`), so a night reads the files its MERGE wrote, not the
     manifest; Spark counts a table delta-rs does not read."""
-    counts = delta_counts(paths.manifest, ("status",), paths.counts_cache("manifest"))
+    counts = manifest_counts(paths)
     if counts is None:
         return spark.read.format("delta").load(paths.manifest).where(
             "status = 'accepted'").count()

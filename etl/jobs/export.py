@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -21,6 +22,7 @@ from pyspark.sql import functions as F
 from etl import tables
 from etl.config import Config
 from etl.errors import ConfigError
+from etl.lakehouse.counts import manifest_counts
 from etl.runtime.stage import RunContext, StageResult
 from etl.schema import REMOVED
 from etl.transforms.bronze import takedown_identifiers
@@ -49,12 +51,19 @@ def _taken_down(spark: SparkSession, cfg: Config) -> DataFrame | None:
 def _removals(spark: SparkSession, cfg: Config) -> dict:
     """Rows removals took out of the curated table (and so out of every export since):
     how many, by reason, and a fingerprint of their ids (so the export key changes)."""
-    manifest = tables.read_delta(spark, tables.layout(cfg).manifest)
+    paths = tables.layout(cfg)
     out: dict = {"removed": 0, "by_reason": {}, "fingerprint": 0}
+    counts = manifest_counts(paths)  # kept per data file: reads what changed
+    manifest = tables.read_delta(spark, paths.manifest)
     if manifest is None:
         return out
     gone = manifest.where((F.col("status") == REMOVED) & (F.col("stage") == "curated"))
-    by_reason = {r["reason"]: r["count"] for r in gone.groupBy("reason").count().collect()}
+    if counts is None:  # a manifest delta-rs does not read
+        by_reason = {r["reason"]: r["count"] for r in gone.groupBy("reason").count().collect()}
+    else:
+        mine = counts[(counts["status"] == REMOVED) & (counts["stage"] == "curated")]
+        by_reason = {(None if pd.isna(r) else r): int(n) for r, n in mine.groupby(
+            "reason", dropna=False)["count"].sum().items()}
     if by_reason:
         out.update(removed=sum(by_reason.values()), by_reason=dict(sorted(by_reason.items())),
                    fingerprint=ids_fingerprint(gone))

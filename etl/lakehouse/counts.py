@@ -29,7 +29,10 @@ from etl.writers.remote import read_file, subtree, write_file
 
 log = logging.getLogger(__name__)
 
-__all__ = ["lance_counts", "delta_counts"]
+__all__ = ["lance_counts", "delta_counts", "manifest_counts", "MANIFEST_COLUMNS"]
+
+# The bronze manifest's rows by these (curate's closing check, an export's removals).
+MANIFEST_COLUMNS = ("status", "stage", "reason")
 
 _FORMAT = 1
 
@@ -148,3 +151,9 @@ def delta_counts(path: str, columns: Sequence[str], cache: str) -> pd.DataFrame 
     if todo or len(parts) != len(known):
         _save(cache, columns, parts)
     return _frame(parts, columns)
+
+
+def manifest_counts(paths) -> pd.DataFrame | None:
+    """The bronze manifest's rows by ``status, stage, reason`` (`paths`: the root's
+    :class:`etl.tables.Layout`), or None as :func:`delta_counts`."""
+    return delta_counts(paths.manifest, MANIFEST_COLUMNS, paths.counts_cache("manifest"))
