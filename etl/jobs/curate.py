@@ -386,7 +386,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         merge_manifest(spark, manifest_rows(prepared, run_id=run_id, ingested_at=now),
                        paths.manifest, before=manifest if processed <= _DRIVER_IDS else None)
     gone = None
-    if removed is not None:
+    if removed is not None and not removed.isEmpty():  # checkpointed above: cheap
         sc.setJobDescription("lakeshard curate: remove records the sources no longer list")
         gone = remove_records(spark, cfg, removed, run_id=run_id, now=now,
                               retention_hours=cfg.lakehouse.removal_retention_hours)

@@ -167,6 +167,12 @@ def _up_to_date(spark, cfg: Config, state: dict | None, params: str,
     )
 
 
+# Up to this many curated rows, the ordering columns of the stored rows a driver plan
+# needs are read by pylance in the driver (its sample_id column: ~70 MB); above, by a
+# Spark job over the table.
+_DRIVER_SCAN_ROWS = 2_000_000
+
+
 def _driver_increment(spark: SparkSession, cfg: Config, state: dict | None, params: str,
                       version: int, run_id: str) -> DedupResult | None:
     """An increment planned in the driver (:func:`etl.transforms.dedup_local.plan_local`)
@@ -264,7 +270,14 @@ def _driver_increment(spark: SparkSession, cfg: Config, state: dict | None, para
         return None
     stored = sorted(set(prior) - deleted - added_ids)
     current = list(added)
-    if stored:
+    if stored and now.count_rows() <= _DRIVER_SCAN_ROWS:
+        # A table this size is read in this process (pylance: the narrow columns,
+        # filtered by id) -- no Spark job, no Python worker to start.
+        import pyarrow.compute as pc
+
+        current += now.to_table(columns=columns, filter=pc.field("sample_id").isin(
+            stored)).cast(schema).to_pylist()
+    elif stored:
         want = spark.createDataFrame([(i,) for i in stored], "sample_id string")
         rows = (spark.read.format("lance").option("version", str(version))
                 .option("columns", ",".join(columns)).load(paths.curated)
