@@ -165,7 +165,10 @@ def main() -> None:
     work = Path(args.work or tempfile.mkdtemp(prefix="nightly-bench-"))
     raw = {
         "storage": {"root": str(work / "root")},
+        # Driver memory as conf/local.yaml ships it (Spark's 1g default runs out of heap
+        # persisting 16,000 prepared photos).
         "spark": {"master": "local[2]", "jars_dir": str(repo / ".jars"), "conf": {
+            "spark.driver.memory": "4g",
             "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false"}},
         "sources": [{"name": "photos", "kind": "image_folder", "path": str(work / "photos")}],
         "exports": {"train": {"partitions": max(2, args.n // args.rows_per_partition)}},
