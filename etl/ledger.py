@@ -29,6 +29,7 @@ from pyspark.sql import Row, SparkSession
 from etl import tables
 from etl.config import Config
 from etl.schema import RUNS_SCHEMA
+from etl.schema import arrow_schema as schema_as_arrow
 
 log = logging.getLogger(__name__)
 
@@ -72,26 +73,11 @@ def code_version() -> str:
     return ver
 
 
-def _arrow_type(dtype):
-    import pyarrow as pa
-    from pyspark.sql import types as T
-
-    if isinstance(dtype, T.MapType):
-        return pa.map_(_arrow_type(dtype.keyType), _arrow_type(dtype.valueType))
-    return {
-        T.StringType: pa.string(), T.DoubleType: pa.float64(), T.LongType: pa.int64(),
-        T.TimestampType: pa.timestamp("us", tz="UTC"),
-    }[type(dtype)]
-
-
 @lru_cache(maxsize=1)
 def arrow_schema():
     """RUNS_SCHEMA as Arrow (how delta-rs appends events; Spark reads them back as
     RUNS_SCHEMA)."""
-    import pyarrow as pa
-
-    return pa.schema([pa.field(f.name, _arrow_type(f.dataType), f.nullable)
-                      for f in RUNS_SCHEMA.fields])
+    return schema_as_arrow(RUNS_SCHEMA)
 
 
 def _utc(value):

@@ -12,6 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 __all__ = [
+    "arrow_schema",
     "SAMPLE_ID_SEPARATOR",
     "INGEST_SCHEMA",
     "INGEST_COLUMNS",
@@ -262,3 +263,27 @@ def sample_id_of(source: str, source_key: str) -> str:
     """:func:`sample_id_col` in Python, for ids named on the driver (a takedown by key)."""
     joined = f"{source}{SAMPLE_ID_SEPARATOR}{source_key}".encode()
     return hashlib.sha256(joined).hexdigest()[:32]
+
+
+def _arrow_type(dtype: T.DataType):
+    import pyarrow as pa
+
+    if isinstance(dtype, T.MapType):
+        return pa.map_(_arrow_type(dtype.keyType), _arrow_type(dtype.valueType))
+    simple = {
+        T.StringType: pa.string(), T.LongType: pa.int64(), T.IntegerType: pa.int32(),
+        T.DoubleType: pa.float64(), T.BooleanType: pa.bool_(), T.BinaryType: pa.binary(),
+        T.TimestampType: pa.timestamp("us", tz="UTC"),
+    }
+    if type(dtype) not in simple:
+        raise TypeError(f"no Arrow type for {dtype.simpleString()}")
+    return simple[type(dtype)]
+
+
+def arrow_schema(schema: T.StructType):
+    """`schema` as the Arrow schema delta-rs writes a lakeshard Delta table with (Spark
+    reads it back as `schema`); TypeError for a type not mapped."""
+    import pyarrow as pa
+
+    return pa.schema([pa.field(f.name, _arrow_type(f.dataType), f.nullable)
+                      for f in schema.fields])

@@ -25,6 +25,7 @@ from etl.schema import (
     REJECTS_SCHEMA,
     REMOVED,
     TAKEDOWNS_SCHEMA,
+    arrow_schema,
 )
 from etl.writers.remote import subtree
 
@@ -171,28 +172,6 @@ def _append_new_runs(data, path: str) -> bool:
     return append_rows(data, path, ACCOUNTING_SCHEMA)
 
 
-# Spark SQL types of lakeshard's Delta tables, as delta-rs writes them.
-_ARROW_TYPES = {"string": "string", "long": "int64", "integer": "int32", "double": "float64",
-                "boolean": "bool", "binary": "binary"}
-
-
-def _arrow_schema(schema: StructType):
-    """The Arrow schema delta-rs writes `schema` with, or None for a type not mapped."""
-    import pyarrow as pa
-
-    fields = []
-    for f in schema.fields:
-        name = f.dataType.typeName()
-        if name == "timestamp":
-            kind = pa.timestamp("us", tz="UTC")
-        elif name in _ARROW_TYPES:
-            kind = pa.type_for_alias(_ARROW_TYPES[name])
-        else:
-            return None
-        fields.append(pa.field(f.name, kind, f.nullable))
-    return pa.schema(fields)
-
-
 def append_rows(data, path: str, schema: StructType) -> bool:
     """Append the Arrow table `data` (the columns of `schema`) to the Delta table at
     `path` with delta-rs: one commit from this process, no Spark job. False when
@@ -203,8 +182,9 @@ def append_rows(data, path: str, schema: StructType) -> bool:
 
     from etl import tables
 
-    arrow = _arrow_schema(schema)
-    if arrow is None:
+    try:
+        arrow = arrow_schema(schema)
+    except TypeError:  # a type lakeshard's tables do not use
         return False
     try:
         table = tables.delta_rs_table(path, write=True)
