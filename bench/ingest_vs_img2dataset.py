@@ -1,0 +1,259 @@
+"""Ingest of web-sized images: lakeshard's curate against img2dataset, side by side.
+
+Both tools do the same work on the same input, server and cores, in one run: fetch N
+photo URLs from a real HTTP server on 127.0.0.1 and re-encode every image as JPEG q92,
+no resize.
+
+* photos  -- N distinct JPEGs (q90) of 0.3-0.8 MP (`--megapixels`), random crops of the
+             photos scikit-image bundles, flipped and noised: what LAION-style URL lists
+             mostly hold. Generated once per run into a temporary folder.
+* server  -- nginx (one worker, access log off) serving that folder, when `nginx` is on
+             PATH (`apt-get install nginx-light`); otherwise Python's ThreadingHTTPServer
+             in its own process, and the bench says so (it costs more CPU per request).
+* img2dataset -- installed on first use into a bench-only venv (`.bench/img2dataset`,
+             git-ignored; never a lakeshard dependency): `--processes_count` x
+             `--thread_count` (2 x 16 by default), parquet output, `resize_mode no`,
+             `encode_quality 92`, `encode_format jpg`. Timed as the whole command.
+* lakeshard -- a fresh `lakeshard run --only curate` process per round on a new root: a
+             `table` source (parquet URL list) with `fetch.allow_networks: [127.0.0.1/32]`
+             and `fetch.per_host` (`--per-host`, 16 by default, so one host may take as
+             many requests as img2dataset's threads). Timed as the curate stage (from the
+             run's events.jsonl) and as the whole command (Spark start-up, the report).
+
+Rounds alternate img2dataset, lakeshard, img2dataset, ... so drift on a noisy machine
+hits both alike; each round's figures are printed, then the best of each and the ratio
+lakeshard / img2dataset in images per second. Both sides must end with N images
+written (img2dataset's `successes`, lakeshard's `accepted`), or the bench fails.
+
+    .venv/bin/python bench/ingest_vs_img2dataset.py               # 2,000 URLs, 2 rounds
+    .venv/bin/python bench/ingest_vs_img2dataset.py --n 200 --rounds 1   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+BENCH_VENV = REPO / ".bench" / "img2dataset"
+IMG2DATASET = "img2dataset==1.47.0"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from nightly import _sources  # noqa: E402 -- the bundled photos, as the nightly bench uses
+
+
+def make_photos(folder: Path, n: int, megapixels: tuple[float, float], seed: int) -> int:
+    """Write n JPEGs of `megapixels` (low, high) into folder; return their total bytes."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    sources = _sources()
+    folder.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for i in range(n):
+        src = sources[rng.integers(len(sources))]
+        h, w = src.shape[:2]
+        ch, cw = int(h * rng.uniform(0.4, 0.9)), int(w * rng.uniform(0.4, 0.9))
+        y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+        crop = src[y:y + ch, x:x + cw].astype(np.float32)
+        if rng.random() < 0.5:
+            crop = crop[:, ::-1]
+        crop += rng.normal(0, 4, crop.shape)
+        mp = rng.uniform(*megapixels) * 1e6
+        scale = (mp / (cw * ch)) ** 0.5
+        size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
+        img = Image.fromarray(np.clip(crop, 0, 255).astype(np.uint8)).resize(
+            size, Image.Resampling.BICUBIC)
+        path = folder / f"p{i:06d}.jpg"
+        img.save(path, quality=90)
+        total += path.stat().st_size
+    return total
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """nginx (or Python's ThreadingHTTPServer) serving `folder` on 127.0.0.1."""
+
+    def __init__(self, folder: Path, work: Path):
+        self.port = _free_port()
+        nginx = shutil.which("nginx") or next(
+            (p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+        if nginx:
+            self.kind = "nginx"
+            conf = work / "nginx.conf"
+            conf.write_text(
+                f"worker_processes 1; daemon off; pid {work}/nginx.pid;"
+                f" error_log {work}/nginx-error.log;\n"
+                "events { worker_connections 1024; }\n"
+                "http { access_log off; sendfile on; keepalive_requests 100000;"
+                f" client_body_temp_path {work}/tmp; proxy_temp_path {work}/tmp;"
+                f" fastcgi_temp_path {work}/tmp; uwsgi_temp_path {work}/tmp;"
+                f" scgi_temp_path {work}/tmp;"
+                f" server {{ listen 127.0.0.1:{self.port}; root {folder}; }} }}\n")
+            (work / "tmp").mkdir(exist_ok=True)
+            cmd = [nginx, "-c", str(conf), "-p", str(work)]
+        else:
+            self.kind = "python http.server (nginx not found)"
+            cmd = [sys.executable, "-m", "http.server", str(self.port), "--bind", "127.0.0.1",
+                   "--directory", str(folder)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError(f"{self.kind} did not start on 127.0.0.1:{self.port}")
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.port}/{name}"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def img2dataset_bin() -> Path:
+    """The bench-only venv's img2dataset, installed on first use."""
+    exe = BENCH_VENV / "bin" / "img2dataset"
+    if not exe.exists():
+        print(f"installing {IMG2DATASET} into {BENCH_VENV} (bench only) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(BENCH_VENV)], check=True)
+        subprocess.run([str(BENCH_VENV / "bin" / "pip"), "install", "-q",
+                        "--disable-pip-version-check", IMG2DATASET], check=True)
+    return exe
+
+
+def run_img2dataset(exe: Path, urls: Path, out: Path, args) -> dict:
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [str(exe), "--url_list", str(urls), "--input_format", "parquet",
+           "--url_col", "url", "--caption_col", "caption", "--output_format", "parquet",
+           "--output_folder", str(out), "--processes_count", str(args.processes),
+           "--thread_count", str(args.threads), "--resize_mode", "no",
+           "--encode_quality", "92", "--encode_format", "jpg", "--retries", "0",
+           "--timeout", "10", "--number_sample_per_shard", "1000",
+           "--distributor", "multiprocessing", "--enable_wandb", "False"]
+    t0 = time.monotonic()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env={**os.environ, "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1"})
+    wall = time.monotonic() - t0
+    ok = sum(json.loads(p.read_text())["successes"] for p in out.glob("*_stats.json"))
+    return {"wall": wall, "stage": wall, "images": ok}
+
+
+def lakeshard_config(urls: Path, root: Path, args) -> dict:
+    return {
+        "storage": {"root": str(root)},
+        "spark": {"master": f"local[{args.cores}]", "jars_dir": str(REPO / ".jars"),
+                  "conf": {"spark.driver.memory": "4g", "spark.ui.enabled": "false",
+                           "spark.ui.showConsoleProgress": "false"}},
+        "sources": [{"name": "web", "kind": "table", "path": str(urls), "format": "parquet",
+                     "columns": {"key": "key", "url": "url", "caption": "caption"}}],
+        "fetch": {"allow_networks": ["127.0.0.1/32"], "per_host": args.per_host,
+                  "user_agent": "lakeshard-bench/0.1 (+http://127.0.0.1/ ingest benchmark)"},
+        "run": {"progress_interval_s": 0},
+    }
+
+
+def run_lakeshard(urls: Path, work: Path, rnd: int, args) -> dict:
+    import yaml
+
+    root = work / f"lakeshard-{rnd}"
+    conf = work / f"lakeshard-{rnd}.yaml"
+    conf.write_text(yaml.safe_dump(lakeshard_config(urls, root, args)))
+    t0 = time.monotonic()
+    with open(work / f"lakeshard-{rnd}.log", "wb") as log:
+        subprocess.run([str(REPO / ".venv" / "bin" / "lakeshard"), "--conf", str(conf), "run",
+                        "--only", "curate"], check=True, stdout=log, stderr=log, cwd=work)
+    wall = time.monotonic() - t0
+    (events,) = root.glob("reports/*/events.jsonl")
+    rows = [json.loads(line) for line in events.read_text().splitlines()]
+    end = next(e for e in rows if e["event"] == "stage_end" and e["stage"] == "curate")
+    summary = json.loads(events.with_name("summary.json").read_text())
+    accepted = summary["curate"]["curated_rows"]  # a new root: every curated row is new
+    shutil.rmtree(root, ignore_errors=True)
+    return {"wall": wall, "stage": end["seconds"], "images": accepted}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=2000, help="photo URLs")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of each side, alternating")
+    ap.add_argument("--megapixels", type=float, nargs=2, default=(0.3, 0.8))
+    ap.add_argument("--cores", type=int, default=os.cpu_count() or 2,
+                    help="lakeshard's local[N]; img2dataset's --processes default")
+    ap.add_argument("--processes", type=int, default=None, help="img2dataset processes")
+    ap.add_argument("--threads", type=int, default=16, help="img2dataset threads/process")
+    ap.add_argument("--per-host", type=int, default=16, help="lakeshard fetch.per_host")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--work", default=None, help="folder for photos and outputs (temp)")
+    args = ap.parse_args()
+    args.processes = args.processes or args.cores
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    exe = img2dataset_bin()
+    work = Path(args.work or tempfile.mkdtemp(prefix="ingest-bench-"))
+    work.chmod(0o755)  # nginx's workers run as an unprivileged user
+    t0 = time.monotonic()
+    total = make_photos(work / "www", args.n, tuple(args.megapixels), args.seed)
+    print(f"{args.n} photos, {args.megapixels[0]}-{args.megapixels[1]} MP, "
+          f"{total / args.n / 1e3:.0f} kB mean, generated in {time.monotonic() - t0:.1f} s "
+          f"under {work}")
+    server = Server(work / "www", work)
+    try:
+        names = sorted(p.name for p in (work / "www").glob("*.jpg"))
+        urls = work / "urls.parquet"
+        pq.write_table(pa.table({"key": [n[:-4] for n in names],
+                                 "url": [server.url(n) for n in names],
+                                 "caption": [f"photo {n[:-4]}" for n in names]}), urls)
+        print(f"server: {server.kind} on 127.0.0.1:{server.port}; {os.cpu_count()} cores; "
+              f"img2dataset {args.processes} x {args.threads}; lakeshard local[{args.cores}]"
+              f", fetch.per_host {args.per_host}\n")
+        print(f"{'round':<6} {'side':<12} {'stage s':>8} {'command s':>9} {'images':>7} "
+              f"{'images/s (stage)':>17}")
+        results: dict[str, list[dict]] = {"img2dataset": [], "lakeshard": []}
+        for rnd in range(args.rounds):
+            for side in ("img2dataset", "lakeshard"):
+                r = (run_img2dataset(exe, urls, work / "i2d-out", args) if side == "img2dataset"
+                     else run_lakeshard(urls, work, rnd, args))
+                if r["images"] != args.n:
+                    raise SystemExit(f"{side} wrote {r['images']} of {args.n} images")
+                results[side].append(r)
+                print(f"{rnd + 1:<6} {side:<12} {r['stage']:>8.1f} {r['wall']:>9.1f} "
+                      f"{r['images']:>7} {r['images'] / r['stage']:>17.1f}", flush=True)
+    finally:
+        server.stop()
+    best = {side: min(rs, key=lambda r: r["stage"]) for side, rs in results.items()}
+    i2d, ls = (args.n / best[s]["stage"] for s in ("img2dataset", "lakeshard"))
+    ls_cmd = args.n / best["lakeshard"]["wall"]
+    print(f"\nbest of {args.rounds}: img2dataset {i2d:.1f} images/s (whole command); "
+          f"lakeshard curate stage {ls:.1f} images/s, whole command {ls_cmd:.1f} images/s; "
+          f"load {os.getloadavg()[0]:.2f}")
+    print(f"lakeshard / img2dataset: {ls / i2d:.2f} (curate stage), "
+          f"{ls_cmd / i2d:.2f} (whole command)")
+
+
+if __name__ == "__main__":
+    main()
