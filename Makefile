@@ -8,6 +8,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 JARS   := .jars
 STAMP  := $(VENV)/.installed
+# Everything a local run and the tests use: Spark + Delta (a platform runtime brings its
+# own), the caption/search/report/samples stacks, the test tools (pyproject.toml).
+EXTRAS := spark,caption,search,report,samples,test
 
 .PHONY: setup jars jars-s3a run test lint bench clean kernel browser wheel artifacts
 
@@ -24,7 +27,7 @@ browser:
 $(STAMP): pyproject.toml constraints.txt
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: lakeshard needs Python 3.11 (set PYTHON=...)"; exit 1; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[$(EXTRAS)]'
 	touch $@
 
 $(JARS)/.complete: jars/pom.xml

@@ -7,6 +7,9 @@ __all__ = [
     "ConfigError",
     "TableMissingError",
     "JarsMissingError",
+    "UnsupportedSparkError",
+    "MissingExtraError",
+    "require",
     "RunLockedError",
     "BudgetExceededError",
 ]
@@ -22,6 +25,30 @@ class TableMissingError(FileNotFoundError):
 
 class JarsMissingError(RuntimeError):
     """The JARs (or the Java runtime) Spark needs are not where the config says."""
+
+
+class UnsupportedSparkError(JarsMissingError):
+    """The Spark this process runs on lacks what lakeshard needs (a version outside the
+    supported range): refused before any work, like missing JARs (exit status 2)."""
+
+
+class MissingExtraError(ImportError):
+    """An optional dependency is not installed; the message names the extra to install."""
+
+
+def require(module: str, extra: str, purpose: str):
+    """Import `module`, or raise :class:`MissingExtraError` naming the extra that brings it
+    (`pip install 'lakeshard[<extra>]'`)."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] != module.split(".")[0]:
+            raise  # the module is there but one of its own imports is not
+        raise MissingExtraError(
+            f"{purpose} needs {module.split('.')[0]}, which is not installed: "
+            f"pip install 'lakeshard[{extra}]'", name=module) from None
 
 
 class RunLockedError(RuntimeError):

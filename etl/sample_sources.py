@@ -70,6 +70,9 @@ TABLE_PHOTOS = [
 
 
 def _skimage_file(name: str) -> bytes:
+    from etl.errors import require
+
+    require("skimage", "samples", "the bundled sample sources (their images)")
     return resources.files("skimage").joinpath("data", name).read_bytes()
 
 

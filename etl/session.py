@@ -26,13 +26,21 @@ from pyspark.sql import SparkSession
 
 from etl.config import Config
 from etl.config.runtime import S3_SCHEMES, S3A_RETRY_CONF
-from etl.errors import JarsMissingError
+from etl.errors import JarsMissingError, UnsupportedSparkError
 from etl.tables import use_storage
 from etl.writers.remote import s3_settings
 
-__all__ = ["spark_conf", "get_spark", "JarsMissingError", "uses_s3", "supplies_s3a"]
+__all__ = [
+    "spark_conf", "get_spark", "JarsMissingError", "uses_s3", "supplies_s3a",
+    "check_spark_version", "SUPPORTED_SPARK",
+]
 
-_DELTA_JAR = "delta-spark_4.1_2.13-*.jar"
+# Delta's Spark JAR for Scala 2.13: `delta-spark_2.13-4.0.*.jar` (Delta 4.0, Spark 4.0) or
+# `delta-spark_4.1_2.13-4.4.*.jar` (Delta >= 4.1 names the Spark it is built for).
+_DELTA_JAR = "delta-spark_*2.13-*.jar"
+# The Spark versions lakeshard is tested on (docs/operations.md, "Platforms"): the
+# Python data source API (with Arrow writers) is Spark >= 4.0; 4.2 is not tested yet.
+SUPPORTED_SPARK = ((4, 0), (4, 1))
 _S3A_JAR = "hadoop-aws-*.jar"
 _S3A_FS = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 # Credentials: the AWS SDK's default chain -- environment (AWS_ACCESS_KEY_ID, ...,
@@ -164,13 +172,34 @@ def _check_java() -> None:
     java = Path(java_home, "bin", "java") if java_home else shutil.which("java")
     if not java or not Path(java).exists():
         raise JarsMissingError(
-            "Java not found (no JAVA_HOME, no `java` on PATH). Spark 4.1 needs Java 17 or "
+            "Java not found (no JAVA_HOME, no `java` on PATH). Spark 4 needs Java 17 or "
             "21: `apt-get install openjdk-17-jre-headless`."
         )
 
 
+def check_spark_version(version: str) -> None:
+    """Refuse, before any work, a Spark that lakeshard is not tested on: below 4.0 the
+    Python data source API it writes Lance with does not exist; 4.2 and later are not
+    tested (docs/operations.md, "Platforms")."""
+    try:
+        major_minor = tuple(int(p) for p in version.split(".")[:2])
+    except ValueError:
+        raise UnsupportedSparkError(f"unrecognised Spark version {version!r}") from None
+    if major_minor not in SUPPORTED_SPARK:
+        supported = ", ".join(f"{a}.{b}.x" for a, b in SUPPORTED_SPARK)
+        need = ("the Python data source API (pyspark.sql.datasource, Spark >= 4.0), which "
+                "lakeshard reads and writes Lance tables with" if major_minor < (4, 0)
+                else "a Spark lakeshard is tested on")
+        raise UnsupportedSparkError(
+            f"Spark {version} is not supported: lakeshard needs {need}; supported: "
+            f"{supported} (docs/operations.md, \"Platforms\")")
+
+
 def get_spark(cfg: Config) -> SparkSession:
     """Build (or return the running) SparkSession for `cfg`."""
+    import pyspark
+
+    check_spark_version(pyspark.__version__)
     from etl.writers.lance import LanceDataSource
 
     if cfg.spark.master.startswith("local"):

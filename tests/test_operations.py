@@ -200,7 +200,9 @@ def test_entrypoint_passes_its_arguments_to_the_subcommand(tmp_path, capsys):
     conf.write_text(yaml.safe_dump({"storage": {"root": str(tmp_path)}, "run": {"stages": ["x"]},
                                     "sources": [{"name": "a", "kind": "image_folder",
                                                  "path": str(tmp_path)}]}))
-    assert run_entry.main(["--conf", str(conf)]) == 2  # the config reached `run`
+    with pytest.raises(SystemExit) as exit_:  # the config reached `run`, and the
+        run_entry.main(["--conf", str(conf)])  # entry point exits with its status
+    assert exit_.value.code == 2
     assert "run.stages[0]: unknown stage 'x'" in capsys.readouterr().err
 
 

@@ -35,6 +35,7 @@ from pyspark.sql import types as T
 from pyspark.sql.functions import pandas_udf
 
 from etl.config import FetchConfig, SourceConfig
+from udfs.arrow_types import nullable_type
 from udfs.fetch_http import FetchResult, RefRules, classify_error, fetch_once
 from udfs.outcomes import INTERNAL_ERROR, internal_detail
 
@@ -218,7 +219,7 @@ def fetch_udf(opts: FetchConfig, rules: Mapping[str, RefRules]):
     rows that need fetching)."""
     rules = dict(rules)
 
-    @pandas_udf(FETCH_TYPE)
+    @pandas_udf(nullable_type(FETCH_TYPE))  # Spark 4.0: udfs/arrow_types.py
     def _fetch(batches: Iterator[tuple[pd.Series, pd.Series, pd.Series, pd.Series]]
                ) -> Iterator[pd.DataFrame]:
         for sources, refs, offsets, lengths in batches:

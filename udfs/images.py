@@ -32,6 +32,7 @@ import pandas as pd
 from pyspark.sql import types as T
 from pyspark.sql.functions import pandas_udf
 
+from udfs.arrow_types import nullable_type
 from udfs.faults import raise_point
 from udfs.outcomes import INTERNAL_ERROR, internal_detail
 
@@ -364,7 +365,7 @@ def _prepare_batch(images: pd.Series, opts: PrepareConfig) -> pd.DataFrame:
 def prepare_udf(opts: PrepareConfig):
     """A pandas UDF: binary image column -> struct of :data:`PREPARED_TYPE`."""
 
-    @pandas_udf(PREPARED_TYPE)
+    @pandas_udf(nullable_type(PREPARED_TYPE))  # Spark 4.0: udfs/arrow_types.py
     def prepare(images: pd.Series) -> pd.DataFrame:
         return _prepare_batch(images, opts)
 

