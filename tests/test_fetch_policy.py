@@ -220,7 +220,10 @@ def test_local_files_and_object_stores_when_the_source_says_so(tmp_path, hooks):
     assert h.connected == []
     # An adapter's own references (image folders, tar members) keep reading local files.
     assert fetch_ref(str(p), opts=OPTS).data == b"meow"
-    assert rules_for(SourceConfig(name="f", kind="image_folder", path="/p")) == RefRules()
+    assert rules_for(SourceConfig(name="f", kind="webdataset", path="/p")) == RefRules()
+    # An image folder's files are read as listed: a link there is not followed.
+    assert rules_for(SourceConfig(name="f", kind="image_folder", path="/p")) == \
+        RefRules(follow_symlinks=False)
 
 
 def test_a_redirect_to_another_scheme_is_refused(servers, tmp_path):

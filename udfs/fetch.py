@@ -22,7 +22,6 @@ transient failures only (timeouts, connection errors, DNS, 429 and 5xx).
 
 from __future__ import annotations
 
-import os
 import random
 import time
 import urllib.parse
@@ -37,6 +36,7 @@ from pyspark.sql.functions import pandas_udf
 from etl.config import FetchConfig, SourceConfig
 from udfs.arrow_types import nullable_type
 from udfs.fetch_http import FetchResult, RefRules, classify_error, fetch_once
+from udfs.fetch_local import LOCAL_STATUSES, read_local
 from udfs.outcomes import INTERNAL_ERROR, internal_detail
 
 __all__ = [
@@ -61,6 +61,8 @@ FETCH_STATUSES = (
     "blocked_address", "bad_scheme", "opted_out",
     # Hostile or broken servers.
     "header_too_large", "bad_encoding", "bad_response",
+    # Local files: a link the source does not follow; a FIFO, device or socket.
+    *LOCAL_STATUSES,
 )  # plus http_<code>
 # Worth another attempt later (also: in a later nightly run).
 TRANSIENT_STATUSES = frozenset({"timeout", "connection", "dns", "http_429"})
@@ -81,10 +83,18 @@ OWN_REFS = RefRules()
 def rules_for(source: SourceConfig) -> RefRules:
     """The fetch rules of one source's rows."""
     if source.has_url_column:
+        # A list's local references are the list's to name (allow_local): no listing
+        # checked them, and a link adds no reach the list did not already have.
         return RefRules(local=source.allow_local, schemes=frozenset(source.url_schemes),
                         respect_opt_out=source.respect_opt_out,
-                        per_host_rps=source.per_host_rps)
-    return RefRules(respect_opt_out=source.respect_opt_out, per_host_rps=source.per_host_rps)
+                        per_host_rps=source.per_host_rps, own=False)
+    # An image folder's references are entries its listing found inside the folder, and
+    # a link among them was refused there unless the source follows links: at read time
+    # too, a link there is not followed (a file swapped for one since the listing). A
+    # tar shard or a table file may be a link the config names itself: followed.
+    follow = source.follow_symlinks is not False or source.kind != "image_folder"
+    return RefRules(respect_opt_out=source.respect_opt_out, per_host_rps=source.per_host_rps,
+                    follow_symlinks=follow)
 
 
 def is_transient(status: str) -> bool:
@@ -111,25 +121,9 @@ def _http(url: str, opts: FetchConfig, rules: RefRules, rng: tuple[int, int] | N
 # ---------------------------------------------------------------- files, fsspec
 
 
-def _local(path: str, opts: FetchConfig, rng: tuple[int, int] | None) -> FetchResult:
-    try:
-        size = os.path.getsize(path)
-        want = rng[1] if rng is not None else size
-        if want > opts.max_bytes:
-            return FetchResult(None, "too_large", f"{want} bytes")
-        with open(path, "rb") as f:
-            if rng is not None:
-                f.seek(rng[0])
-            data = f.read(want)
-        if len(data) != want:
-            return FetchResult(None, "truncated", f"read {len(data)} of {want} bytes")
-        return FetchResult(data, "ok")
-    except FileNotFoundError as exc:
-        return FetchResult(None, "missing_file", str(exc))
-    except IsADirectoryError as exc:
-        return FetchResult(None, "missing_file", f"is a directory: {exc}")
-    except OSError as exc:
-        return FetchResult(None, "error", f"{type(exc).__name__}: {exc}")
+def _local(path: str, opts: FetchConfig, rng: tuple[int, int] | None,
+           rules: RefRules) -> FetchResult:
+    return read_local(path, rng, opts.max_bytes, opts.timeout_s, rules.follow_symlinks)
 
 
 def _fsspec(url: str, opts: FetchConfig, rng: tuple[int, int] | None) -> FetchResult:
@@ -178,9 +172,13 @@ def fetch_ref(
             if not rules.local:
                 return FetchResult(None, "bad_scheme", "a local path or file:// URL (the "
                                    "source does not set allow_local)", 0)
-            path = ref if scheme != "file" else \
-                urllib.request.url2pathname(urllib.parse.urlsplit(ref).path)
-            return _local(path, opts, rng)
+            if scheme != "file":
+                path = ref  # a path is a path
+            elif rules.own:
+                path = ref[len("file:"):]  # what the adapter listed, verbatim
+            else:  # a file:// URL a stranger wrote: URL syntax, percent-decoded
+                path = urllib.request.url2pathname(urllib.parse.urlsplit(ref).path)
+            return _local(path, opts, rng, rules)
         if scheme not in rules.schemes:
             return FetchResult(None, "bad_scheme", f"{scheme}:// is not allowed for this "
                                f"source (allowed: {', '.join(sorted(rules.schemes)) or 'none'})",

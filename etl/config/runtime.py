@@ -158,6 +158,11 @@ def _default_cache() -> str:
     return local_path(os.path.join(base, "lakeshard"))
 
 
+# Characters a storage root may not hold: quoting (backtick, quotes, backslash), URL
+# syntax delta-rs and Hadoop read as such (| # ? %), and glob syntax.
+_ROOT_UNSAFE = frozenset("`'\"\\|#?%*[]{}<>^")
+
+
 class StorageConfig(Section):
     # Everything lakeshard writes goes under this folder, or s3://bucket/prefix (s3a://
     # too; gs:// and abfss:// through the platform's connector).
@@ -174,6 +179,14 @@ class StorageConfig(Section):
     @field_validator("root")
     @classmethod
     def _absolute(cls, root: str) -> str:
+        bad = sorted({ch for ch in root if ch in _ROOT_UNSAFE or not ch.isprintable()})
+        if bad:
+            raise ValueError(
+                f"contains {', '.join(repr(ch) for ch in bad)}: a root must be a plain "
+                "path or URL (it goes into Spark SQL `delta.`...`` names, Hadoop globs "
+                "and delta-rs URIs); not allowed: control characters and "
+                + " ".join(sorted(_ROOT_UNSAFE))
+            )
         if not is_url(root):
             # Local roots are made absolute once, here: Spark, Delta and pylance then
             # agree on every path whatever their working directory.
@@ -252,6 +265,15 @@ class SourceConfig(Section):
     # it from every table and the next export (docs/sources.md#removals); `keep` leaves
     # it where it is, for append-only archives whose old records must stay.
     on_removed: Literal["delete", "keep"] = "delete"
+    # Symbolic links in the source's folder (image_folder files and sidecars, table files
+    # and tar shards found by listing a folder or a glob): false (default) -- a link is
+    # a reject (`symlink`) and never opened; true -- followed when it leads to a file
+    # inside the folder (else `outside_source`); "anywhere" -- followed wherever it
+    # leads. A link to a folder is descended into only when followed.
+    follow_symlinks: bool | Literal["anywhere"] = False
+    # Captions longer than this many characters (a .txt sidecar or tar member, a JSON
+    # field, a table column): the record is rejected as `caption_too_long`.
+    max_caption_chars: Annotated[int, Field(ge=1, le=16 * 1024 * 1024)] = 65536
 
     @field_validator("url_schemes")
     @classmethod

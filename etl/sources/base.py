@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from urllib.parse import urlparse
@@ -105,11 +106,14 @@ def is_local_path(path: str) -> bool:
 
 
 def file_uri(path: str | Path) -> str:
-    """`file:/abs/path`: the spelling Spark's file sources use for local files."""
-    return "file:" + str(Path(path).resolve())
+    """`file:` + the absolute path, byte for byte (no percent-encoding, links not
+    resolved): read back by stripping the prefix, never by URL parsing
+    (:class:`udfs.fetch_http.RefRules` ``own``)."""
+    return "file:" + os.path.abspath(os.fspath(path))
 
 
 def local_path(path: str) -> Path:
+    """The local path of a configured `path` (a path, or a `file://` URL someone typed)."""
     return Path(urlparse(path).path if path.startswith("file:") else path)
 
 

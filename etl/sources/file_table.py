@@ -13,15 +13,26 @@ column not mapped (and not binary) is kept as JSON in `metadata_json`.
 Files are read in Spark tasks with pyarrow — parquet one row group at a time — so a
 bad part becomes rejects instead of a failed job: an unreadable row group rejects its
 rows (`unreadable_row_group`, the count comes from the footer), an unreadable file is
-one `unreadable_file` reject, a JSONL line that is not a JSON object or a CSV row with
-the wrong number of fields is `malformed_row`.
+one `unreadable_file` reject, a JSONL line that is not a JSON object (or is nested
+deeper than :data:`etl.sources.records.MAX_JSON_DEPTH`, or longer than
+:data:`MAX_LINE_BYTES`) or a CSV row with the wrong number of fields is
+`malformed_row`: that one record, the rows beside it are read. A relative reference is
+resolved against the table's folder and must stay inside it (`outside_source`; a link
+on the way is judged by the source's ``follow_symlinks``). A file found by listing a
+folder or a glob that is a link or a special file is rejected unopened
+(:mod:`etl.sources.listing`).
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import posixpath
+import stat
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -34,12 +45,31 @@ from etl.sources.records import (
     MISSING,
     RAW_ARROW_SCHEMA,
     RAW_SCHEMA,
+    RecordError,
     lookup,
     map_fields,
+    parse_json,
     raw_row,
 )
 
-__all__ = ["TableSource", "map_table_rows", "TABLE_MAPPABLE"]
+__all__ = ["TableSource", "map_table_rows", "TABLE_MAPPABLE", "RowLimits", "MAX_LINE_BYTES"]
+
+# The longest JSONL line read as a record (longer: malformed_row, the rest of the file
+# still read) and the CSV reader's block (a row must fit in one).
+MAX_LINE_BYTES = 64 << 20
+_CSV_BLOCK = 64 << 20
+
+
+@dataclass(frozen=True)
+class RowLimits:
+    """A source's rules for its rows' contents (shipped to the tasks)."""
+
+    max_caption_chars: int = 65536
+    follow_symlinks: bool | str = False
+
+    @classmethod
+    def of(cls, source: SourceConfig) -> RowLimits:
+        return cls(source.max_caption_chars, source.follow_symlinks)
 
 _FORMATS = ("parquet", "jsonl", "json", "csv")
 _EXT_FORMAT = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl",
@@ -82,13 +112,15 @@ class TableSource(SourceAdapter):
                 f"{where}.format: {source.format!r} is not one of {', '.join(_FORMATS)}"
             )
 
-    def _files(self, source: SourceConfig) -> list[tuple[str, str]]:
+    def _files(self, source: SourceConfig) -> list[tuple[str, str, str | None, str | None]]:
+        """(uri, format, problem, problem detail) of each data file."""
         files = []
-        for f in expand_pattern(source.path):
+        for f in expand_pattern(source.path, source.follow_symlinks):
             fmt = source.format or _EXT_FORMAT.get(os.path.splitext(f.uri)[1].lower())
             if fmt is None:
                 continue  # _SUCCESS, README… next to the data files
-            files.append((f.uri, "jsonl" if fmt == "json" else fmt))
+            files.append((f.uri, "jsonl" if fmt == "json" else fmt,
+                          *(f.problem or (None, None))))
         return files
 
     def check_inputs(self, source: SourceConfig) -> None:
@@ -101,7 +133,10 @@ class TableSource(SourceAdapter):
             )
         if not is_local_path(source.path):
             return
-        uri, fmt = files[0]
+        readable = [f for f in files if f[2] is None]
+        if not readable:
+            return  # every file is a reject at read time
+        uri, fmt = readable[0][:2]
         path = uri[len("file:"):]
         names = _peek_columns(path, fmt)
         if names is not None:
@@ -113,12 +148,20 @@ class TableSource(SourceAdapter):
     ) -> DataFrame:
         files = self._files(source)
         mapping = dict(source.columns)
-        units = spark.createDataFrame(files, "uri string, format string")
+        limits = RowLimits.of(source)
+        units = spark.createDataFrame(
+            files, "uri string, format string, problem string, problem_detail string")
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for unit in batch.to_pylist():
-                    for rows in _read_file(unit["uri"], unit["format"], mapping):
+                    if unit["problem"] is not None:  # never opened
+                        name = unit["uri"].rsplit("/", 1)[-1]
+                        yield pa.RecordBatch.from_pylist(
+                            [_reject(f"{name}#unreadable", unit["uri"], unit["problem"],
+                                     unit["problem_detail"])], schema=RAW_ARROW_SCHEMA)
+                        continue
+                    for rows in _read_file(unit["uri"], unit["format"], mapping, limits):
                         if rows:
                             yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
 
@@ -126,28 +169,55 @@ class TableSource(SourceAdapter):
 
 
 def _peek_columns(path: str, fmt: str) -> list[str] | None:
+    """The columns of a local table file, read on the driver to check the mapping;
+    None when the file cannot say (it becomes a reject at read time, not an error)."""
     try:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
+        with _open_regular(path) as fh:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
 
-            return list(pq.read_schema(path).names)
-        if fmt == "csv":
-            import csv
-
-            with open(path, newline="", encoding="utf-8") as f:
-                return next(csv.reader(f), [])
-        names: dict[str, None] = {}
-        with open(path, encoding="utf-8") as f:
-            for _, line in zip(range(100), f, strict=False):
-                try:
-                    obj = json.loads(line)
-                except ValueError:
-                    continue
+                return list(pq.read_schema(fh).names)
+            if fmt == "csv":
+                head = fh.readline(MAX_LINE_BYTES)
+                return next(csv.reader(io.StringIO(head.decode("utf-8"))), [])
+            names: dict[str, None] = {}
+            for _, line in zip(range(100), _lines(fh), strict=False):
+                obj = None if isinstance(line, RecordError) else parse_json(line)
                 if isinstance(obj, dict):
                     names.update(dict.fromkeys(obj))
-        return list(names)
-    except (OSError, ValueError, pa.ArrowException):
-        return None  # an unreadable file is a reject at read time, not a config error
+            return list(names)
+    except (OSError, ValueError, pa.ArrowException, csv.Error):
+        return None
+
+
+def _open_regular(path: str):
+    """A local file opened for reading without blocking on a FIFO and refused unless
+    it is a regular file (a config path, or a file a listing found)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{os.path.basename(path)!r} is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _lines(fh) -> Iterator[bytes | RecordError]:
+    """The lines of a binary stream, each at most MAX_LINE_BYTES (a longer one is a
+    RecordError, its rest skipped without holding it in memory)."""
+    while True:
+        line = fh.readline(MAX_LINE_BYTES + 1)
+        if not line:
+            return
+        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+            while True:
+                rest = fh.readline(1 << 20)
+                if not rest or rest.endswith(b"\n"):
+                    break
+            yield RecordError("malformed_row", f"a line over {MAX_LINE_BYTES} bytes")
+            continue
+        yield line
 
 
 def _local(uri: str) -> str:
@@ -156,13 +226,14 @@ def _local(uri: str) -> str:
 
 def _open(uri: str, mode: str = "rb"):
     if uri.startswith("file:"):
-        return open(_local(uri), mode)
+        return _open_regular(_local(uri))
     import fsspec
 
     return fsspec.open(uri, mode).open()
 
 
-def _read_file(uri: str, fmt: str, mapping: dict[str, str]) -> Iterator[list[dict]]:
+def _read_file(uri: str, fmt: str, mapping: dict[str, str],
+               limits: RowLimits = RowLimits()) -> Iterator[list[dict]]:
     base = uri.rsplit("/", 1)[0]
     name = uri.rsplit("/", 1)[-1]
     try:
@@ -179,25 +250,24 @@ def _read_file(uri: str, fmt: str, mapping: dict[str, str]) -> Iterator[list[dic
                     yield [_reject(f"{name}#rg{i}/row{j}", uri, "unreadable_row_group",
                                    f"{type(exc).__name__}: {exc}") for j in range(n)]
                 else:
-                    yield map_table_rows(records, mapping, uri, base, start)
+                    yield map_table_rows(records, mapping, uri, base, start, limits)
                 start += n
         elif fmt == "jsonl":
             records, bad = [], []
             with _open(uri) as fh:
-                for lineno, raw in enumerate(fh, 1):
-                    if not raw.strip():
+                for lineno, raw in enumerate(_lines(fh), 1):
+                    if isinstance(raw, bytes) and not raw.strip():
                         continue
-                    try:
-                        obj = json.loads(raw)
-                    except ValueError as exc:
-                        obj = exc
+                    obj = raw if isinstance(raw, RecordError) else parse_json(raw)
                     if isinstance(obj, dict):
                         records.append((lineno, obj))
                     else:
+                        why = obj.detail if isinstance(obj, RecordError) else \
+                            f"a JSON {type(obj).__name__}"
                         bad.append(_reject(f"{name}#line{lineno}", uri, "malformed_row",
-                                           f"not a JSON object: {str(obj)[:200]}"))
+                                           f"not a JSON object: {why}"))
             yield [row for lineno, rec in records
-                   for row in map_table_rows([rec], mapping, uri, base, lineno)] + bad
+                   for row in map_table_rows([rec], mapping, uri, base, lineno, limits)] + bad
         else:
             import pyarrow.csv as pcsv
 
@@ -212,33 +282,53 @@ def _read_file(uri: str, fmt: str, mapping: dict[str, str]) -> Iterator[list[dic
             with _open(uri) as fh:
                 table = pcsv.read_csv(
                     fh,
+                    read_options=pcsv.ReadOptions(block_size=_CSV_BLOCK),
                     parse_options=pcsv.ParseOptions(invalid_row_handler=on_invalid),
                     convert_options=pcsv.ConvertOptions(strings_can_be_null=True),
                 )
-            yield map_table_rows(table.to_pylist(), mapping, uri, base, 0) + bad
+            yield map_table_rows(table.to_pylist(), mapping, uri, base, 0, limits) + bad
     except Exception as exc:  # noqa: BLE001 - the file is this record's outcome
         yield [_reject(f"{name}#unreadable", uri, "unreadable_file",
                        f"{type(exc).__name__}: {exc}")]
 
 
-def _resolve_ref(ref: Any, base: str) -> str | None:
+def _resolve_ref(ref: Any, base: str, limits: RowLimits) -> str | RecordError | None:
+    """The reference a row names: absolute ones as written (the source's `allow_local`
+    and `url_schemes` judge them when fetched), a relative one resolved against the
+    table's own folder `base` -- and kept inside it."""
     if not isinstance(ref, str) or not ref.strip():
         return None
     ref = ref.strip()
-    if "://" in ref or ref.startswith("file:"):
+    if "://" in ref or ref.startswith("file:") or os.path.isabs(ref):
         return ref
-    if os.path.isabs(ref):
-        return "file:" + ref
-    return f"{base}/{ref}"  # relative to the table's own folder
+    rel = posixpath.normpath(ref)
+    if rel == ".." or rel.startswith("../"):
+        return RecordError("outside_source", "a relative path that leads out of the "
+                           "table's folder")
+    if not base.startswith("file:"):
+        return f"{base}/{rel}"  # an object store: no links
+    folder = base[len("file:"):]
+    path = os.path.join(folder, rel)
+    if limits.follow_symlinks != "anywhere":
+        top = os.path.realpath(folder)
+        real = os.path.realpath(path)
+        if real != os.path.join(top, rel):  # a link on the way
+            if limits.follow_symlinks is False:
+                return RecordError("symlink", "a relative path through a symbolic link "
+                                   "(the source's follow_symlinks is off)")
+            if not real.startswith(top.rstrip(os.sep) + os.sep):
+                return RecordError("outside_source", "a relative path whose symbolic "
+                                   "link leads out of the table's folder")
+    return path  # a path, read as written
 
 
 def map_table_rows(records: list[Mapping[str, Any]], mapping: Mapping[str, str], uri: str,
-                   base: str, start: int) -> list[dict]:
+                   base: str, start: int, limits: RowLimits = RowLimits()) -> list[dict]:
     """RAW_SCHEMA rows for table records (row numbers from `start`, for keyless rows)."""
     out = []
     name = uri.rsplit("/", 1)[-1]
     for i, rec in enumerate(records):
-        fields = map_fields(rec, mapping)
+        fields = map_fields(rec, mapping, max_caption_chars=limits.max_caption_chars)
         key = lookup(rec, mapping["key"])
         status, reason = fields.pop("read_status"), fields.pop("read_reason")
         image = ref = None
@@ -248,11 +338,17 @@ def map_table_rows(records: list[Mapping[str, Any]], mapping: Mapping[str, str],
                 image = image.encode("latin-1", errors="replace")
             image = bytes(image) if isinstance(image, (bytes, bytearray, memoryview)) else None
         else:
-            ref = _resolve_ref(lookup(rec, mapping["url"]), base)
+            ref = _resolve_ref(lookup(rec, mapping["url"]), base, limits)
         if key is MISSING or key is None or (isinstance(key, str) and not key.strip()):
             key, status, reason = f"null-key:{name}#{start + i}", "rejected", "missing_key"
+        elif isinstance(ref, RecordError):
+            if status == "ok":
+                status, reason = "rejected", ref.reason
+                fields["metadata_json"] = json.dumps({"detail": ref.detail})
         elif image is None and ref is None:
             status, reason = "rejected", "missing_image"
+        if isinstance(ref, RecordError):
+            ref = None
         out.append(raw_row(
             source_key=str(key),
             source_uri=ref if ref is not None and "://" in ref else uri,

@@ -26,12 +26,22 @@ from etl.sources.base import (
     require_exists,
 )
 from etl.sources.listing import fingerprint, list_files
-from etl.sources.records import RAW_SCHEMA, map_fields
+from etl.sources.records import (
+    CAPTION_REASONS,
+    RAW_SCHEMA,
+    SIDECAR_MAX_BYTES,
+    SIDECAR_TIMEOUT_S,
+    RecordError,
+    caption_bytes,
+    map_fields,
+    parse_json_object,
+    sidecar_problem,
+    text_caption,
+)
 
 __all__ = ["ImageFolderSource", "IMAGE_EXTENSIONS"]
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "gif", "bmp", "tif", "tiff")
-_SIDECAR_CAP = 1 << 20
 
 _SIDECAR_FIELDS = [
     "caption_original", "license", "upstream_quality", "upstream_nsfw",
@@ -56,7 +66,7 @@ class ImageFolderSource(SourceAdapter):
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
         version: int | None = None,
     ) -> DataFrame:
-        files = list_files(source.path)
+        files = list_files(source.path, source.follow_symlinks)
         by_stem: dict[str, dict] = {}
         for f in files:
             stem, _, ext = f.rel.rpartition(".")
@@ -74,20 +84,38 @@ class ImageFolderSource(SourceAdapter):
                 [fingerprint(f)] + [f"{k}:{fingerprint(s)}" for k, s in
                                     (("txt", txt), ("json", js)) if s is not None]
             )
-            rows.append((f.rel, f.uri, txt.uri if txt else None, js.uri if js else None, fp))
+            # A record whose image or sidecar may not be read: rejected, nothing opened.
+            bad = next(((g, g.problem) for g in (f, txt, js)
+                        if g is not None and g.problem is not None), None)
+            problem = None if bad is None else \
+                (bad[1][0], f"{bad[0].rel.rsplit('/', 1)[-1]!r}: {bad[1][1]}")
+            rows.append((
+                f.rel, f.uri,
+                None if problem else (txt.uri if txt else None),
+                None if problem else (js.uri if js else None),
+                fp, problem[0] if problem else None, problem[1] if problem else None,
+            ))
         listing = spark.createDataFrame(
             rows,
             "source_key string, source_uri string, txt_uri string, json_uri string, "
-            "fingerprint string",
+            "fingerprint string, problem string, problem_detail string",
         )
         mapping = {"caption": "caption", **dict(source.columns)}
-        side = _sidecar_udf(mapping)(F.col("txt_uri"), F.col("json_uri"))
+        side = _sidecar_udf(mapping, source.max_caption_chars, source.follow_symlinks)(
+            F.col("txt_uri"), F.col("json_uri"))
+        listed_ok = F.col("problem").isNull()
+        fields = {c: F.col("_side")[c] for c in _SIDECAR_FIELDS}
+        fields["read_status"] = F.when(listed_ok, fields["read_status"]).otherwise("rejected")
+        fields["read_reason"] = F.when(listed_ok, fields["read_reason"]) \
+            .otherwise(F.col("problem"))
+        fields["metadata_json"] = F.when(listed_ok, fields["metadata_json"]).otherwise(
+            F.to_json(F.struct(F.col("problem_detail").alias("detail"))))
         out = listing.withColumn("_side", side).select(
             "source_key",
             "source_uri",
-            *[F.col("_side")[c].alias(c) for c in _SIDECAR_FIELDS],
+            *[fields[c].alias(c) for c in _SIDECAR_FIELDS],
             F.lit(None).cast("binary").alias("image_bytes"),
-            F.col("source_uri").alias("image_ref"),
+            F.when(listed_ok, F.col("source_uri")).alias("image_ref"),
             F.lit(None).cast("long").alias("image_offset"),
             F.lit(None).cast("long").alias("image_length"),
             "fingerprint",
@@ -95,46 +123,56 @@ class ImageFolderSource(SourceAdapter):
         return out.select(*RAW_SCHEMA.fieldNames())
 
 
-def _sidecar_udf(mapping: dict[str, str]):
+def _sidecar_udf(mapping: dict[str, str], max_caption_chars: int, follow_symlinks):
     def parse(txt_uri, json_uri):
-        from etl.config import FetchConfig
-        from udfs.fetch import fetch_ref
+        from udfs.fetch import RefRules, fetch_ref
         from udfs.outcomes import INTERNAL_ERROR
 
-        opts = FetchConfig(max_bytes=_SIDECAR_CAP)
+        # Sidecars are read as the listing found them, with the folder's link rule.
+        rules = RefRules(follow_symlinks=follow_symlinks is not False)
         record: dict = {}
         bad = None
         internal = None  # the fetch code itself failed: not a bad sidecar
         if json_uri:
-            res = fetch_ref(json_uri, opts=opts)
+            res = fetch_ref(json_uri, opts=_sidecar_opts(SIDECAR_MAX_BYTES), rules=rules)
             if res.status == INTERNAL_ERROR:
                 internal = res.detail
-            try:
-                if res.status != "ok":
-                    raise ValueError(res.status)
-                record = json.loads(res.data.decode("utf-8")) if res.data.strip() else {}
-                if not isinstance(record, dict):
-                    raise ValueError("not a JSON object")
-            except (ValueError, UnicodeDecodeError):
-                record, bad = {}, "invalid_sidecar"
-        out = map_fields(record, mapping)
-        if txt_uri:
-            res = fetch_ref(txt_uri, opts=opts)
+            elif res.status != "ok":
+                bad = sidecar_problem(res.status, res.detail, "json")
+            else:
+                parsed = parse_json_object(res.data)
+                if isinstance(parsed, RecordError):
+                    bad = ("invalid_sidecar", parsed.detail)
+                else:
+                    record = parsed
+        out = map_fields(record, mapping, max_caption_chars=max_caption_chars)
+        if txt_uri and internal is None:
+            res = fetch_ref(txt_uri, opts=_sidecar_opts(caption_bytes(max_caption_chars)),
+                            rules=rules)
             if res.status == INTERNAL_ERROR:
-                internal = internal or res.detail
-            try:
-                text = res.data.decode("utf-8").strip() if res.status == "ok" else None
-            except UnicodeDecodeError:
-                text, bad = None, bad or "invalid_caption"
-            if text:
-                if out["read_reason"] in ("missing_caption", "invalid_caption"):
-                    out.update(read_status="ok", read_reason=None)
-                out["caption_original"] = text
+                internal = res.detail
+            elif res.status != "ok":
+                bad = bad or sidecar_problem(res.status, res.detail, "txt")
+            else:
+                text = text_caption(res.data, max_caption_chars)
+                if isinstance(text, RecordError):
+                    bad = bad or (text.reason, text.detail)
+                elif text:
+                    if out["read_reason"] in CAPTION_REASONS:
+                        out.update(read_status="ok", read_reason=None)
+                    out["caption_original"] = text
         if internal is not None:  # counted apart and retried, whatever else the row says
             out.update(read_status="rejected", read_reason=INTERNAL_ERROR,
                        metadata_json=json.dumps({"detail": internal}))
         elif bad is not None and out["read_status"] == "ok":
-            out.update(read_status="rejected", read_reason=bad)
+            out.update(read_status="rejected", read_reason=bad[0],
+                       metadata_json=json.dumps({"detail": bad[1]}))
         return out
 
     return F.udf(parse, _SIDECAR_TYPE)
+
+
+def _sidecar_opts(max_bytes: int):
+    from etl.config import FetchConfig
+
+    return FetchConfig(max_bytes=max_bytes, timeout_s=SIDECAR_TIMEOUT_S)

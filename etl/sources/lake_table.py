@@ -29,6 +29,7 @@ from etl.config import ConfigError, SourceConfig
 from etl.sources.base import SourceAdapter, is_local_path, local_path, require_exists
 from etl.sources.file_table import (
     TABLE_MAPPABLE,
+    RowLimits,
     check_mapped_columns,
     map_table_rows,
     validate_table_mapping,
@@ -103,10 +104,11 @@ class _ExistingTable(SourceAdapter):
         base = uri.rstrip("/")
         mapping = dict(source.columns)
         df = self._load(spark, source, version)
+        limits = RowLimits.of(source)
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
-                rows = map_table_rows(batch.to_pylist(), mapping, uri, base, 0)
+                rows = map_table_rows(batch.to_pylist(), mapping, uri, base, 0, limits)
                 if rows:
                     yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
 

@@ -1,17 +1,31 @@
 """Driver-side file listings (local or any fsspec filesystem) with size and mtime,
-and path patterns: globs (`*`, `?`, `[ab]`) and braces (`{a,b}`, `{000..099}`)."""
+and path patterns: globs (`*`, `?`, `[ab]`) and braces (`{a,b}`, `{000..099}`).
+
+A local listing reads nothing outside the folder it lists: every entry is examined
+with ``lstat`` (never opened), and an entry that is not a plain file inside the folder
+is listed with a ``problem`` -- (reason, detail) -- that its adapter turns into a
+reject of that record: ``symlink`` (a link, with ``follow_symlinks`` off),
+``outside_source`` (a followed link that leads out of the folder), ``dangling_link``,
+``not_a_file`` (a FIFO, socket or device: opening one could block forever)."""
 
 from __future__ import annotations
 
+import glob
 import itertools
 import os
 import re
+import stat
 from dataclasses import dataclass
-from pathlib import Path
 
 from etl.sources.base import file_uri, is_local_path, local_path
+from udfs.fetch_local import file_kind
 
-__all__ = ["ListedFile", "list_files", "expand_braces", "expand_pattern", "fingerprint"]
+__all__ = ["ListedFile", "list_files", "expand_braces", "expand_pattern", "fingerprint",
+           "LISTING_REASONS"]
+
+# Reasons a listed entry is not read (see the module docstring).
+LISTING_REASONS = ("symlink", "outside_source", "dangling_link", "not_a_file")
+Follow = bool | str  # SourceConfig.follow_symlinks: False, True or "anywhere"
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -19,10 +33,12 @@ _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
 
 @dataclass(frozen=True)
 class ListedFile:
-    uri: str  # file:/abs/path locally, the fsspec URL otherwise
+    uri: str  # file:/abs/path locally (verbatim, see base.file_uri), the fsspec URL otherwise
     rel: str  # relative to the listed root
     size: int
     mtime: float
+    # (reason, detail) when the entry must not be read; None for a plain file.
+    problem: tuple[str, str] | None = None
 
 
 def fingerprint(f: ListedFile) -> str:
@@ -55,20 +71,31 @@ def _has_glob(p: str) -> bool:
     return any(ch in p for ch in "*?[")
 
 
-def expand_pattern(pattern: str) -> list[ListedFile]:
-    """Every existing file a brace/glob pattern names (a folder lists its files)."""
+def expand_pattern(pattern: str, follow_symlinks: Follow = False) -> list[ListedFile]:
+    """Every existing file a brace/glob pattern names (a folder lists its files). A
+    path named literally is taken as configured; entries a glob or a folder listing
+    found are checked as :func:`list_files` checks them."""
     seen: dict[str, ListedFile] = {}
     for p in expand_braces(pattern):
         if is_local_path(p):
             lp = str(local_path(p))
-            names = sorted(__import__("glob").glob(lp, recursive=True)) if _has_glob(lp) else [lp]
-            for name in names:
-                if os.path.isdir(name):
-                    for f in list_files(name):
+            if _has_glob(lp):
+                base = os.path.realpath(_glob_root(lp))
+                for name in sorted(glob.glob(lp, recursive=True)):
+                    if os.path.isdir(name) and not os.path.islink(name):
+                        for f in list_files(name, follow_symlinks):
+                            seen.setdefault(f.uri, f)
+                        continue
+                    f = _local_entry(name, os.path.basename(name), base, follow_symlinks)
+                    if f is not None:
                         seen.setdefault(f.uri, f)
-                elif os.path.isfile(name):
-                    st = os.stat(name)
-                    f = ListedFile(file_uri(name), os.path.basename(name), st.st_size, st.st_mtime)
+            elif os.path.isdir(lp):
+                for f in list_files(lp, follow_symlinks):
+                    seen.setdefault(f.uri, f)
+            elif os.path.lexists(lp):
+                # Named in the config: a link is followed wherever it leads.
+                f = _local_entry(lp, os.path.basename(lp), "/", "anywhere")
+                if f is not None:
                     seen.setdefault(f.uri, f)
         else:
             import fsspec
@@ -102,21 +129,89 @@ def _mtime(info: dict) -> float:
     return 0.0
 
 
-def list_files(root: str) -> list[ListedFile]:
-    """All files under `root`, recursively, sorted (hidden files and folders skipped)."""
+def _glob_root(pattern: str) -> str:
+    """The folder a glob searches under: its path up to the first part with a glob."""
+    parts = pattern.split(os.sep)
+    head = []
+    for part in parts[:-1]:
+        if _has_glob(part):
+            break
+        head.append(part)
+    return os.sep.join(head) or ("/" if pattern.startswith("/") else ".")
+
+
+def _inside(real: str, base: str) -> bool:
+    return real == base or real.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def _local_entry(path: str, rel: str, base: str, follow: Follow) -> ListedFile | None:
+    """One entry of a local listing, examined without opening it (None: it vanished
+    between the listing and the look)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    problem = None
+    if stat.S_ISLNK(st.st_mode):
+        if follow is False:
+            problem = ("symlink", "a symbolic link, not followed (the source's "
+                       "follow_symlinks is off)")
+        else:
+            try:
+                st = os.stat(path)
+            except OSError:
+                problem = ("dangling_link", "a symbolic link that leads nowhere")
+            else:
+                if follow != "anywhere" and not _inside(os.path.realpath(path), base):
+                    problem = ("outside_source", "a symbolic link that leads outside "
+                               "the source's folder")
+    if problem is None and not stat.S_ISREG(st.st_mode):
+        problem = ("not_a_file", f"{file_kind(st.st_mode)}, not read")
+    return ListedFile(file_uri(path), rel, st.st_size if problem is None else 0,
+                      st.st_mtime, problem)
+
+
+def list_files(root: str, follow_symlinks: Follow = False) -> list[ListedFile]:
+    """All files under `root`, recursively, sorted by relative path (hidden files and
+    folders skipped). Locally, links and special files are listed with their
+    ``problem`` (see the module docstring); a link to a folder is descended into only
+    when followed (and, unless "anywhere", when it stays inside `root`), once."""
     out = []
     if is_local_path(root):
-        base = Path(local_path(root)).resolve()
-        for dp, dns, fns in os.walk(base):
-            dns[:] = sorted(d for d in dns if not d.startswith("."))
-            for fn in sorted(fns):
-                if fn.startswith("."):
+        base = os.path.realpath(local_path(root))
+        seen = {(os.stat(base).st_dev, os.stat(base).st_ino)}
+
+        def visit(folder: str, rel: str) -> None:
+            try:
+                entries = sorted(os.scandir(folder), key=lambda e: e.name)
+            except OSError:
+                return  # an unreadable folder lists nothing (as os.walk)
+            for e in entries:
+                if e.name.startswith("."):
                     continue
-                p = Path(dp) / fn
-                st = p.stat()
-                out.append(ListedFile(file_uri(p), p.relative_to(base).as_posix(),
-                                      st.st_size, st.st_mtime))
-        return out
+                path, name = os.path.join(folder, e.name), f"{rel}{e.name}"
+                try:
+                    is_link = e.is_symlink()
+                    is_dir = e.is_dir(follow_symlinks=False)
+                except OSError:
+                    continue
+                if is_dir:
+                    visit(path, name + "/")
+                    continue
+                if is_link and follow_symlinks is not False and os.path.isdir(path):
+                    real = os.path.realpath(path)
+                    st = os.stat(path)
+                    if (follow_symlinks == "anywhere" or _inside(real, base)) and \
+                            (st.st_dev, st.st_ino) not in seen:
+                        seen.add((st.st_dev, st.st_ino))
+                        visit(path, name + "/")
+                    continue
+                f = _local_entry(path, name, base, follow_symlinks)
+                if f is not None:
+                    out.append(f)
+
+        visit(base, "")
+        return sorted(out, key=lambda f: f.rel)
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(root)

@@ -11,7 +11,13 @@ at all (see :meth:`containers`).
 Bad input: a key with a caption but no image is ``missing_image``; a member whose
 data runs past the end of the file is ``truncated``; a shard that is not a tar, or
 whose headers break midway, adds a ``broken_tar`` reject (the members before the
-break are kept).
+break are kept). A member is never extracted to disk: a link member (symbolic or hard)
+is never followed, and a key whose members include one is rejected (``symlink``), as a
+key with a device or FIFO member is (``not_a_file``). A ``.json`` member is parsed with
+bounded depth (``invalid_sidecar``), a ``.txt`` member over the caption limit is
+``caption_too_long``, a ``.json`` member over :data:`SIDECAR_MAX_BYTES` is
+``invalid_sidecar``. A shard found by a glob or a folder listing follows the source's
+``follow_symlinks`` rule (:mod:`etl.sources.listing`).
 """
 
 from __future__ import annotations
@@ -26,12 +32,22 @@ from pyspark.sql import DataFrame, SparkSession
 from etl.config import ConfigError, SourceConfig
 from etl.sources.base import FLAG_KEYS, SourceAdapter
 from etl.sources.listing import expand_pattern, fingerprint
-from etl.sources.records import RAW_ARROW_SCHEMA, RAW_SCHEMA, map_fields, raw_row
+from etl.sources.records import (
+    CAPTION_REASONS,
+    RAW_ARROW_SCHEMA,
+    RAW_SCHEMA,
+    SIDECAR_MAX_BYTES,
+    RecordError,
+    caption_bytes,
+    map_fields,
+    parse_json_object,
+    raw_row,
+    text_caption,
+)
 
 __all__ = ["WebDatasetSource", "list_tar"]
 
 IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
-_SMALL = 1 << 20
 
 
 class WebDatasetSource(SourceAdapter):
@@ -39,28 +55,39 @@ class WebDatasetSource(SourceAdapter):
     mappable = frozenset({"caption", "license"}) | FLAG_KEYS
 
     def check_inputs(self, source: SourceConfig) -> None:
-        if not expand_pattern(source.path):
+        if not expand_pattern(source.path, source.follow_symlinks):
             raise ConfigError(
                 f"source {source.name!r}: path {source.path!r} does not exist or matches "
                 "no tar shard (field sources[].path)"
             )
 
     def containers(self, source: SourceConfig) -> dict[str, str]:
-        return {f.uri: fingerprint(f) for f in expand_pattern(source.path)}
+        return {f.uri: fingerprint(f)
+                for f in expand_pattern(source.path, source.follow_symlinks)}
 
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
         version: int | None = None,
     ) -> DataFrame:
-        shards = [(f.uri, f.size, fingerprint(f)) for f in expand_pattern(source.path)
+        shards = [(f.uri, f.size, fingerprint(f), *(f.problem or (None, None)))
+                  for f in expand_pattern(source.path, source.follow_symlinks)
                   if f.uri not in skip]
         mapping = {"caption": "caption", **dict(source.columns)}
-        units = spark.createDataFrame(shards, "uri string, size long, fingerprint string")
+        max_chars = source.max_caption_chars
+        units = spark.createDataFrame(
+            shards, "uri string, size long, fingerprint string, problem string, "
+            "problem_detail string")
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for unit in batch.to_pylist():
-                    rows = list_tar(unit["uri"], unit["size"], unit["fingerprint"], mapping)
+                    if unit["problem"] is not None:  # never opened
+                        name = unit["uri"].rsplit("/", 1)[-1]
+                        rows = [_reject(f"{name}#unreadable", unit["uri"], unit["fingerprint"],
+                                        unit["problem"], unit["problem_detail"])]
+                    else:
+                        rows = list_tar(unit["uri"], unit["size"], unit["fingerprint"],
+                                        mapping, max_chars)
                     if rows:
                         yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
 
@@ -82,11 +109,14 @@ def _key_ext(name: str) -> tuple[str, str]:
     return (f"{head}/{stem}" if head else stem), (ext.lower() if dot else "")
 
 
-def list_tar(uri: str, size: int, fp: str, mapping: dict[str, str]) -> list[dict]:
+def list_tar(uri: str, size: int, fp: str, mapping: dict[str, str],
+             max_caption_chars: int = 65536) -> list[dict]:
     """The records of one shard (RAW_SCHEMA rows), never raising for bad data."""
     name = uri.rsplit("/", 1)[-1]
     groups: dict[str, dict[str, tarfile.TarInfo]] = {}
     small: dict[tuple[str, str], bytes] = {}
+    odd: dict[str, tuple[str, str]] = {}  # key -> the reject of a link or special member
+    caps = {"txt": caption_bytes(max_caption_chars), "json": SIDECAR_MAX_BYTES}
     broken: list[dict] = []
     try:
         with _open(uri) as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
@@ -101,13 +131,26 @@ def list_tar(uri: str, size: int, fp: str, mapping: dict[str, str]) -> list[dict
                     break
                 if member is None:
                     break
+                if member.isdir():
+                    continue
                 if not member.isfile():
+                    key, _ = _key_ext(member.name)
+                    groups.setdefault(key, {})
+                    odd.setdefault(key, (
+                        ("symlink", f"member {member.name!r} is a link, not followed")
+                        if member.issym() or member.islnk() else
+                        ("not_a_file", f"member {member.name!r} is a device or FIFO")))
                     continue
                 key, ext = _key_ext(member.name)
                 groups.setdefault(key, {}).setdefault(ext, member)
-                if ext in ("txt", "json") and member.size <= _SMALL and \
-                        member.offset_data + member.size <= size:
-                    small[(key, ext)] = tf.extractfile(member).read()
+                if ext in caps and member.offset_data + member.size <= size:
+                    if member.size <= caps[ext]:
+                        small[(key, ext)] = tf.extractfile(member).read()
+                    else:
+                        odd.setdefault(key, (
+                            "caption_too_long" if ext == "txt" else "invalid_sidecar",
+                            f"member {member.name!r}: {member.size} bytes, over "
+                            f"{caps[ext]}"))
             end = tf.offset
             if end < size:
                 fh.seek(end)
@@ -123,31 +166,35 @@ def list_tar(uri: str, size: int, fp: str, mapping: dict[str, str]) -> list[dict
     for key, members in groups.items():
         image_ext = next((e for e in IMAGE_EXTS if e in members), None)
         record: dict = {}
-        bad = None
+        bad, detail = None, None
         if (key, "json") in small:
-            try:
-                record = json.loads(small[(key, "json")].decode("utf-8"))
-                if not isinstance(record, dict):
-                    raise ValueError("not an object")
-            except (ValueError, UnicodeDecodeError):
-                record, bad = {}, "invalid_sidecar"
-        fields = map_fields(record, mapping)
+            parsed = parse_json_object(small[(key, "json")])
+            if isinstance(parsed, RecordError):
+                bad, detail = "invalid_sidecar", parsed.detail
+            else:
+                record = parsed
+        fields = map_fields(record, mapping, max_caption_chars=max_caption_chars)
         if (key, "txt") in small:
-            try:
-                text = small[(key, "txt")].decode("utf-8").strip()
-            except UnicodeDecodeError:
-                text, bad = None, bad or "invalid_caption"
-            if text:
-                if fields["read_reason"] in ("missing_caption", "invalid_caption"):
+            text = text_caption(small[(key, "txt")], max_caption_chars)
+            if isinstance(text, RecordError):
+                if bad is None:
+                    bad, detail = text.reason, text.detail
+            elif text:
+                if fields["read_reason"] in CAPTION_REASONS:
                     fields.update(read_status="ok", read_reason=None)
                 fields["caption_original"] = text
         meta = json.loads(fields["metadata_json"]) if fields["metadata_json"] else {}
         meta["tar_members"] = sorted(m.name for m in members.values())
-        if image_ext is None:
+        if key in odd:  # a link or special member, an oversized sidecar: before all else
+            bad, detail = odd[key]
+            fields.update(caption_original=None, read_status="ok", read_reason=None)
+        elif image_ext is None:
             bad = "missing_image"
         elif members[image_ext].offset_data + members[image_ext].size > size:
             bad = "truncated"
-            meta["reject_detail"] = f"{members[image_ext].name} runs past the end of {name}"
+            detail = f"{members[image_ext].name} runs past the end of {name}"
+        if detail is not None:
+            meta["reject_detail"] = detail
         fields["metadata_json"] = json.dumps(meta, sort_keys=True)
         if bad is not None and fields["read_status"] == "ok":
             fields.update(read_status="rejected", read_reason=bad)
