@@ -86,6 +86,12 @@ class RefRules:
     )
     respect_opt_out: bool = True
     per_host_rps: float | None = None
+    # References an adapter listed itself (`file:` + the path, byte for byte): the path
+    # after `file:` is taken verbatim, never parsed as a URL.
+    own: bool = True
+    # Follow a symbolic link that is the last part of a local path (the listing has
+    # already checked where it leads); false: a link is refused (`symlink`).
+    follow_symlinks: bool = True
 
 
 # ------------------------------------------------------------------ address policy
@@ -175,14 +181,15 @@ def open_socket(family: int, sockaddr: tuple, timeout: float) -> socket.socket:
         raise
 
 
-def guarded_connection(host: str, port: int, timeout: float, allow: tuple = ()
-                       ) -> socket.socket:
-    """Resolve `host` once and connect to the first of its addresses the policy permits;
-    refused addresses are never connected to. Raises the last connection error, or a
-    refusal when every address was refused."""
+def guarded_connection(host: str, port: int, timeout: float, allow: tuple = (),
+                       addresses: list[tuple[int, tuple]] | None = None) -> socket.socket:
+    """Resolve `host` once (unless `addresses` says what it resolved to) and connect to
+    the first of its addresses the policy permits; refused addresses are never
+    connected to. Raises the last connection error, or a refusal when every address
+    was refused."""
     refused: _Refused | None = None
     error: OSError | None = None
-    for family, sockaddr in resolve_host(host, port):
+    for family, sockaddr in (resolve_host(host, port) if addresses is None else addresses):
         ip = ipaddress.ip_address(sockaddr[0])
         why = refusal(ip, allow)
         if why is not None:
@@ -203,8 +210,9 @@ def guarded_connection(host: str, port: int, timeout: float, allow: tuple = ()
 
 
 class _HostGate:
-    """At most `limit` requests in flight per host, across a Python worker's threads
-    (Spark reuses the worker across tasks). Hosts with nothing in flight are forgotten."""
+    """At most `limit` requests in flight per key (a host name, an address), across a
+    Python worker's threads (Spark reuses the worker across tasks). Keys with nothing in
+    flight are forgotten."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -366,7 +374,17 @@ class _Response(http.client.HTTPResponse):
         self.fp.counting = False  # chunk sizes and trailers are body, not headers
 
 
-def _connection(scheme: str, host: str, port: int, opts: FetchConfig, deadline: float):
+def _address_key(addresses: list[tuple[int, tuple]], allow: tuple) -> str:
+    """The politeness key of a resolved host: the address it will connect to (the
+    first the policy permits), in one canonical spelling -- so `127.0.0.1`,
+    `2130706433`, `0x7f000001`, `127.1` and any name resolving there share one limit."""
+    ips = [ipaddress.ip_address(sockaddr[0]) for _, sockaddr in addresses]
+    ip = next((i for i in ips if refusal(i, allow) is None), ips[0] if ips else None)
+    return f"address {ip}"
+
+
+def _connection(scheme: str, host: str, port: int, opts: FetchConfig, deadline: float,
+                addresses: list[tuple[int, tuple]] | None = None):
     allow = _networks(opts.allow_networks)
     if scheme == "https":
         conn = http.client.HTTPSConnection(host, port, timeout=opts.timeout_s,
@@ -376,7 +394,7 @@ def _connection(scheme: str, host: str, port: int, opts: FetchConfig, deadline: 
 
     def connect(address, timeout, source_address=None):
         left = max(0.001, min(timeout, deadline - time.monotonic()))
-        return guarded_connection(address[0], address[1], left, allow)
+        return guarded_connection(address[0], address[1], left, allow, addresses)
 
     def make_file(sock):
         raw = _DeadlineReader(sock, deadline, opts.timeout_s)
@@ -487,7 +505,8 @@ def _target(url: str) -> tuple[str, str, int, str]:
 
 
 def _request(target: tuple[str, str, int, str], opts: FetchConfig, rules: RefRules,
-             rng: tuple[int, int] | None) -> tuple[FetchResult | None, str | None]:
+             rng: tuple[int, int] | None, addresses: list[tuple[int, tuple]] | None = None
+             ) -> tuple[FetchResult | None, str | None]:
     """One request (no redirect followed): its result, or the redirect's Location."""
     scheme, host, port, path = target
     headers = {"User-Agent": opts.user_agent, "Accept": "image/*,*/*;q=0.5",
@@ -495,7 +514,7 @@ def _request(target: tuple[str, str, int, str], opts: FetchConfig, rules: RefRul
     if rng is not None:
         headers["Range"] = f"bytes={rng[0]}-{rng[0] + rng[1] - 1}"
     deadline = time.monotonic() + opts.timeout_s
-    conn = _connection(scheme, host, port, opts, deadline)
+    conn = _connection(scheme, host, port, opts, deadline, addresses)
     try:
         conn.request("GET", path, headers=headers)
         resp = conn.getresponse()
@@ -543,7 +562,9 @@ def fetch_once(url: str, opts: FetchConfig, rules: RefRules, rng: tuple[int, int
                ) -> FetchResult:
     """One attempt at an http(s) URL (optionally a byte range): the request and the
     redirects it leads to, each hop checked (scheme, address), paced and counted against
-    its own host. Retries are the caller's (:func:`udfs.fetch.fetch_ref`)."""
+    its own host. The per-host limits hold for the host name and for the address it
+    resolves to (resolved once, here; that answer is the one connected to), whatever
+    the spelling. Retries are the caller's (:func:`udfs.fetch.fetch_ref`)."""
     hops = 0
     while True:
         via = f" (redirect {hops})" if hops else ""
@@ -555,7 +576,12 @@ def fetch_once(url: str, opts: FetchConfig, rules: RefRules, rng: tuple[int, int
         _PACER.wait(key, rules.per_host_rps)
         try:
             with _GATE.slot(key, opts.per_host):
-                res, location = _request(target, opts, rules, rng)
+                addresses = resolve_host(target[1], target[2])
+                at = _address_key(addresses, _networks(opts.allow_networks))
+                if at != f"address {target[1]}":  # a name, or an address spelled otherwise
+                    _PACER.wait(at, rules.per_host_rps)
+                with _GATE.slot(at, opts.per_host):
+                    res, location = _request(target, opts, rules, rng, addresses)
         except (OSError, http.client.HTTPException, _Refused) as exc:
             res, location = classify_error(exc), None
         except (ValueError, UnicodeError) as exc:  # http.client's own check of the URL
