@@ -53,7 +53,7 @@ _DEVICE_RE = re.compile(r"^(cpu|cuda|cuda:[0-9]+)$")
 
 def _matches(pattern: re.Pattern, what: str):
     def check(value: str) -> str:
-        if not pattern.match(value):
+        if not pattern.fullmatch(value):
             raise ValueError(f"{value!r} is not {what}")
         return value
 

@@ -47,7 +47,7 @@ _CAPTION_NAME_RE = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
 
 
 def _caption_name(name: str) -> str:
-    if not _CAPTION_NAME_RE.match(name):
+    if not _CAPTION_NAME_RE.fullmatch(name):
         raise ValueError(
             f"{name!r} is not a valid version name (lower-case letters, digits and '_', "
             "starting with a letter; it becomes the column caption_<name>)"

@@ -52,7 +52,9 @@ def _where(loc: tuple, raw: Any) -> str:
             out += f"[{part}]"
             node = node[part] if isinstance(node, list) and part < len(node) else None
             if isinstance(node, Mapping) and isinstance(node.get("name"), str):
-                out += f" ({node['name']})"
+                name = node["name"]  # as written, unless it is not a plain one-line name
+                out += f" ({name})" if name.isprintable() and len(name) <= 64 else \
+                    f" ({name[:64]!r})"
         else:
             out += f".{part}" if out else str(part)
             node = node.get(part) if isinstance(node, Mapping) else None

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -135,47 +136,70 @@ class ForgetResult:
 # ------------------------------------------------------------------------ the request
 
 
-def parse_identifier(kind: str, raw: str, where: str) -> Identifier:
-    """One identifier, checked; ConfigError naming `where` (an argument or a file line)."""
+def parse_identifier(kind: str, raw: str, where: str, *, echo: bool = True) -> Identifier:
+    """One identifier, checked; ConfigError naming `where` (an argument or a file line).
+    `echo`: quote the value in the error (an argument typed); a line of a file is named
+    by its number only, never quoted (the file could be anything, /etc/shadow too)."""
+    def shown(value: str) -> str:
+        return f"{value!r}" if echo else "the value"
+
     kind = kind.strip().lower().replace("_", "-")
     if kind not in KINDS:
-        raise ConfigError(f"{where}: {kind!r} is not one of {', '.join(KINDS)}")
+        if echo:
+            raise ConfigError(f"{where}: {kind!r} is not one of {', '.join(KINDS)}")
+        raise ConfigError(f"{where}: the line does not start with a kind (one of "
+                          f"{', '.join(KINDS)})")
     value = raw.strip()
     if not value:
         raise ConfigError(f"{where}: empty {kind}")
     if kind == "sample-id":
-        if not _HEX32.match(value.lower()):
-            raise ConfigError(f"{where}: {value!r} is not a sample id (32 hex digits)")
+        if not _HEX32.fullmatch(value.lower()):
+            raise ConfigError(f"{where}: {shown(value)} is not a sample id (32 hex digits)")
         return Identifier("sample_id", value.lower())
     if kind == "image-sha256":
-        if not _HEX64.match(value.lower()):
-            raise ConfigError(f"{where}: {value!r} is not a sha256 (64 hex digits)")
+        if not _HEX64.fullmatch(value.lower()):
+            raise ConfigError(f"{where}: {shown(value)} is not a sha256 (64 hex digits)")
         return Identifier("image_sha256", value.lower())
     if kind == "url":
         if any(ch.isspace() for ch in value):
-            raise ConfigError(f"{where}: {value!r}: a URL has no whitespace")
+            raise ConfigError(f"{where}: {shown(value)}: a URL has no whitespace")
         return Identifier("url", value)
     source, sep, key = value.partition(":")
-    if not sep or not _SOURCE.match(source) or not key.strip():
-        raise ConfigError(f"{where}: {value!r} is not SOURCE:KEY (a source name, a colon, "
-                          "the record's key in that source)")
+    if not sep or not _SOURCE.fullmatch(source) or not key.strip():
+        raise ConfigError(f"{where}: {shown(value)} is not SOURCE:KEY (a source name, a "
+                          "colon, the record's key in that source)")
     key = key.strip()
     return Identifier("key", f"{source}:{key}", sample_id_of(source, key), source)
 
 
+_MAX_FILE_BYTES = 64 << 20
+
+
 def _read_file(path: str) -> list[Identifier]:
-    """``KIND VALUE`` per line (`#` comments and blank lines skipped)."""
+    """``KIND VALUE`` per line (`#` comments and blank lines skipped). Errors name the
+    file and the line number, and quote nothing from the file."""
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"forget --file {path}: {exc}") from None
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO must not block us
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise ConfigError(f"forget --file {path}: not a regular file")
+            if st.st_size > _MAX_FILE_BYTES:
+                raise ConfigError(f"forget --file {path}: over {_MAX_FILE_BYTES} bytes")
+            lines = fh.read().decode("utf-8").splitlines()
+    except OSError as exc:
+        raise ConfigError(f"forget --file {path}: {exc.strerror or type(exc).__name__}"
+                          ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"forget --file {path}: not UTF-8 text") from None
     out = []
     for no, line in enumerate(lines, 1):
         text = line.strip()
         if not text or text.startswith("#"):
             continue
         kind, _, value = text.partition(" ")
-        out.append(parse_identifier(kind, value, f"forget --file {path} line {no}"))
+        out.append(parse_identifier(kind, value, f"forget --file {path} line {no}",
+                                    echo=False))
     return out
 
 
@@ -197,7 +221,7 @@ def parse_request(options: dict) -> TakedownRequest:
         raise ConfigError("forget: --by (who asked) and --reason (why) are recorded with "
                           "the request and are required")
     request_id = options.get("request_id")
-    if request_id is not None and not _REQUEST_ID.match(request_id):
+    if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
         raise ConfigError(f"forget --request-id: {request_id!r} is not a valid id "
                           "(letters, digits and . _ : / # -, up to 200)")
     return TakedownRequest(request_id, by, why, tuple(dict.fromkeys(ids)))

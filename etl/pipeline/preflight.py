@@ -67,7 +67,7 @@ def check_config(cfg: Config) -> Config:
 
 
 def check_run_id(run_id: str | None) -> None:
-    if run_id is not None and not _RUN_ID_RE.match(run_id):
+    if run_id is not None and not _RUN_ID_RE.fullmatch(run_id):
         raise ConfigError(f"--run-id: {run_id!r} is not a valid run id (letters, digits, "
                           "'.', '_', '-'; it names the report folder)")
 
