@@ -236,11 +236,17 @@ def _cmd_samples(args) -> int:
 
 
 def _cmd_sql(args) -> int:
+    from etl.lakehouse.readonly import refusal
     from etl.lakehouse.views import register_views
     from etl.session import get_spark
 
     cfg = _load(args)
     spark = get_spark(cfg)
+    refused = refusal(spark, args.query)  # parsed, not run
+    if refused is not None:
+        return _fail(f"lakeshard sql: refused: the statement is {refused}, which is not "
+                     "read-only; lakeshard sql runs a query, EXPLAIN, SHOW or DESCRIBE "
+                     "only (docs/sql.md#read-only)", 2)
     views = register_views(spark, cfg)
     logging.getLogger("lakeshard").info("views: %s", ", ".join(views) or "none")
     spark.sql(args.query).show(args.limit, truncate=not args.no_truncate)
@@ -446,7 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--generations", type=_positive, default=5, help="re-encodes in a row")
     p.set_defaults(func=_cmd_jpeg_audit)
 
-    p = sub.add_parser("sql", help="run Spark SQL over the Lance tables (views by name)")
+    p = sub.add_parser("sql", help="run a read-only Spark SQL statement (a query, EXPLAIN, "
+                       "SHOW, DESCRIBE) over the Lance tables (views by name)")
     p.add_argument("query")
     p.add_argument("--limit", type=int, default=20)
     p.add_argument("--no-truncate", action="store_true")

@@ -12,6 +12,11 @@ first; and contact sheets of random kept images with their captions and of flagg
 images with their reasons. Counts come from Spark over the whole tables; histograms
 from up to ``run.report_max_rows`` rows sampled by pylance; images are read only for
 the sheets.
+
+Text from sources (captions, keys, reasons) is data: figures draw it as plain text
+(matplotlib's math text and TeX off, so ``Earn $100 … $5`` is not parsed as math) and
+the HTML escapes it; a label is cut to :data:`LABEL_CHARS` characters, so a long
+caption never swells the report.
 """
 
 from __future__ import annotations
@@ -45,6 +50,10 @@ _COLORS = {"kept": "#2e7d32", "flagged": "#f9a825", "rejected": "#c62828",
 # Corpus-wide counts: curated rows by source and status, rejects by source and reason.
 _STATUS_COLUMNS = ("source", "keep", "filter_reason")
 _REJECT_COLUMNS = ("source", "reason")
+# The longest text a label shows (a caption on a contact sheet).
+LABEL_CHARS = 300
+# Every text artist is plain text: no math text ($...$), no TeX.
+_PLAIN_TEXT = {"text.parse_math": False, "text.usetex": False}
 # Clusters on the duplicates' contact sheet, and members shown per cluster.
 _SHEET_CLUSTERS = 6
 _SHEET_MEMBERS = 6
@@ -302,7 +311,8 @@ def _contact_items(ds, meta: pd.DataFrame, caption_col: str | None, n: int, seed
             text = (r.get(caption_col) if caption_col else None) or "(no caption)"
         else:
             text = r["filter_reason"] or "(no reason)"
-        items.append({"sample_id": sid, "source": r["source"], "label": text, "thumb": im,
+        items.append({"sample_id": sid, "source": r["source"], "label": _shown(text),
+                      "thumb": im,
                       "file": f"thumbs/{sid}.jpg"})
     return items
 
@@ -397,9 +407,22 @@ img.fig{max-width:100%;border:1px solid #eee;margin:6px 0}
 """
 
 
+def _shown(text: str) -> str:
+    """Source text as a label: at most LABEL_CHARS characters."""
+    return text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "\u2026"
+
+
 def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -> str:
     """Write the report of `outcome` (an :class:`etl.pipeline.outcome.RunOutcome`) into `out_dir`
-    (default ``<root>/reports/<run_id>``, a local path); returns its index.html."""
+    (default ``<root>/reports/<run_id>``, a local path); returns its index.html. Every
+    figure is drawn with source text as plain text."""
+    import matplotlib
+
+    with matplotlib.rc_context(_PLAIN_TEXT):
+        return _write_report(spark, cfg, outcome, out_dir)
+
+
+def _write_report(spark, cfg: Config, outcome: Any, out_dir: str | None) -> str:
     import lance
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F

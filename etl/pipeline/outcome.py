@@ -24,6 +24,8 @@ class RunOutcome:
     failed_stage: str | None = None
     failure: str | None = None
     events: str | None = None  # <root>/reports/<run_id>/events.jsonl
+    # The report could not be written (its error): logged and recorded, never a failed run.
+    report_error: str | None = None
 
     @property
     def status(self) -> str:

@@ -274,10 +274,12 @@ def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome,
         base, "run", "ok", run_started, ended_at=ledger.utcnow(),
         seconds=time.monotonic() - t_run, table_versions=versions,
         export_manifests=json.dumps(manifests, sort_keys=True) if manifests else None,
-        note=out.report,
+        note=out.report if out.report_error is None else
+        f"report failed: {out.report_error}"[:1000],
     )])
     event("run_end", run_id=run_id, status="ok",
-          seconds=round(time.monotonic() - t_run, 2), report=out.report)
+          seconds=round(time.monotonic() - t_run, 2), report=out.report,
+          report_error=out.report_error)
 
 
 def _upload_events(local: str, final: str) -> None:
@@ -297,27 +299,47 @@ def _upload_events(local: str, final: str) -> None:
 
 def _write_report(spark, cfg: Config, out: RunOutcome) -> None:
     """The report and summary.json, written locally, then uploaded when the root is an
-    object store (etl.writers.remote, the same S3 settings as every other client)."""
-    from etl.report import write_report
+    object store (etl.writers.remote, the same S3 settings as every other client).
+
+    The stages have committed by now, so a report that cannot be drawn fails nothing:
+    the error is logged with its traceback, kept in ``out.report_error`` (summary.json,
+    the run's ledger note, the ``report_failed`` event) and summary.json still written."""
     from etl.writers.remote import upload_dir
 
     final_dir = tables.layout(cfg).report_dir(out.run_id)
     remote = is_remote(final_dir)
     report_dir = tempfile.mkdtemp(prefix="lakeshard-report-") if remote else final_dir
-    sc = spark.sparkContext
     try:
         if cfg.run.report:
-            t0 = time.monotonic()
-            sc.setJobGroup(f"lakeshard-{out.run_id}-report",
-                           f"lakeshard report (run {out.run_id})")
-            index = write_report(spark, cfg, out, report_dir)
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            sc.setJobDescription(None)
-            out.seconds["report"] = time.monotonic() - t0
-            out.report = f"{final_dir}/{os.path.basename(index)}"
+            try:
+                _draw_report(spark, cfg, out, report_dir, final_dir)
+            except Exception as exc:  # noqa: BLE001 -- recorded; the stages committed
+                out.report_error = f"{type(exc).__name__}: {exc}"[:2000]
+                log.error("the report of run %s could not be written (the run's stages "
+                          "committed; the run is not failed): %s", out.run_id,
+                          out.report_error, exc_info=True)
+                event("report_failed", run_id=out.run_id, error=out.report_error)
+                say(f"report: FAILED ({out.report_error[:200]}); the run's outputs are "
+                    "committed")
         write_summary(out, report_dir)
         if remote:
             upload_dir(report_dir, final_dir)
     finally:
         if remote:
             shutil.rmtree(report_dir, ignore_errors=True)
+
+
+def _draw_report(spark, cfg: Config, out: RunOutcome, report_dir: str, final_dir: str
+                 ) -> None:
+    from etl.report import write_report
+
+    sc = spark.sparkContext
+    t0 = time.monotonic()
+    sc.setJobGroup(f"lakeshard-{out.run_id}-report", f"lakeshard report (run {out.run_id})")
+    try:
+        index = write_report(spark, cfg, out, report_dir)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setJobDescription(None)
+    out.seconds["report"] = time.monotonic() - t0
+    out.report = f"{final_dir}/{os.path.basename(index)}"

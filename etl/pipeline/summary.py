@@ -133,6 +133,7 @@ def write_summary(out: RunOutcome, out_dir: str) -> str:
                 "stages": out.stages,
                 "seconds": out.seconds,
                 "report": out.report,
+                "report_error": out.report_error,
                 "recovered_run": out.recovered_run,
                 "migrated": out.migrated,
             },
