@@ -265,7 +265,13 @@ def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome,
         fault_point(f"{stage.name}:done")
 
     if summary:
-        _write_report(spark, cfg, out)
+        try:
+            _write_report(spark, cfg, out)
+        except Exception as exc:  # noqa: BLE001 -- summary.json or its upload: recorded
+            out.report_error = out.report_error or f"{type(exc).__name__}: {exc}"[:2000]
+            log.error("the summary of run %s could not be written (the run's stages "
+                      "committed; the run is not failed): %s", run_id, out.report_error,
+                      exc_info=True)
     versions, manifests = {}, {}
     for res in out.results.values():
         versions.update(res.table_versions)
