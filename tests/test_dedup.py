@@ -360,11 +360,11 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     # curated and dedup versions), so knowing the export is up to date reads no table.
     again = run_pipeline(cfg, only=("export",), export_names=("train",))
     assert again.results["export"].note == "up to date"
-    memo = json.loads((tmp_path / "_lakeshard" / "exports" / "train.json").read_text())
+    memo = json.loads((tmp_path / "_lakeshard" / "exports" / "train.dedup.json").read_text())
     dedup_rows = spark.read.format("delta").load(tables.layout(cfg).dedup).collect()
-    assert memo["excluded_duplicates"] == sum(not r.is_canonical for r in dedup_rows)
-    assert memo["expected"] == 2
-    assert memo["inputs"]["dedup_version"] == tables.delta_version(
+    assert memo["payload"]["excluded_duplicates"] == sum(not r.is_canonical for r in dedup_rows)
+    assert memo["payload"]["expected"] == 2
+    assert memo["key"]["dedup_version"] == tables.delta_version(
         spark, tables.layout(cfg).dedup)
     jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(
         f"lakeshard-{again.run_id}-export")

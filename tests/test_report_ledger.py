@@ -99,7 +99,7 @@ def test_report_figures_match_the_sample_definitions(spark, finished_run):
     assert data["dedup"]["uncovered"] == 0  # nothing added after dedup ran
     # The corpus-wide counts were kept per fragment / file for the next report.
     for table in ("curated", "rejects"):
-        assert json.load(open(tables.layout(cfg).counts_cache(table)))["parts"], table
+        assert json.load(open(tables.layout(cfg).counts_cache(table)))["payload"]["parts"], table
     # The report times itself after; caption has no versions configured here.
     assert set(data["seconds"]) == {"curate", "dedup", "caption", "export"}
     assert set(out.seconds) == {"curate", "dedup", "caption", "export", "report"}

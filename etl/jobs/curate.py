@@ -2,12 +2,16 @@
 (append-only) + Delta `rejects` and `accounting`; records that left their sources, and
 takedowns a `lakeshard forget` could not finish, out of every table.
 
-Reads as the steps it wires: **list** every source into the common schema, **diff**
-with the bronze manifest (unchanged records are counted, not processed; unchanged tar
-shards are not opened), find the records the sources **no longer list**, **refuse**
-what a takedown names, **fetch** referenced images, **prepare** (decode, re-encode,
-flag), **write** the curated rows (replacing rows of changed records), **remove** the
-records that left, **merge** the manifest, rejects and accounting. The decisions are
+Reads as the steps it wires (each a function below, with its inputs and outputs as
+small dataclasses): **finish pending takedowns** a `lakeshard forget` left unapplied;
+**diff sources** -- list every source into the common schema and mark what the bronze
+manifest already holds (unchanged records are counted, not processed; unchanged tar
+shards are not opened); **find removals** -- the records the sources no longer list;
+**fetch and prepare** -- refuse what a takedown names, fetch referenced images, decode,
+re-encode, flag; **write curated** (replacing rows of changed records); **record
+bronze** -- MERGE the manifest and rejects; **apply removals** out of every table;
+**record accounting**; **purge** removed rows' bytes past their retention; the
+**closing check** (curated rows = accepted in the manifest). The decisions are
 transforms (:mod:`etl.transforms.bronze`, :mod:`~etl.transforms.prepare`,
 :mod:`~etl.transforms.accounting`); this module only reads, calls and writes.
 """
@@ -15,8 +19,9 @@ transforms (:mod:`etl.transforms.bronze`, :mod:`~etl.transforms.prepare`,
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import reduce
@@ -28,6 +33,7 @@ from pyspark.sql import functions as F
 from etl import tables
 from etl.config import Config, SourceConfig
 from etl.lakehouse.counts import manifest_counts
+from etl.lakehouse.derived import DerivedState
 from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.lakehouse.maintenance import (
     PurgeResult,
@@ -42,7 +48,6 @@ from etl.sources import adapter_for, finish_ingest
 from etl.transforms.accounting import SourceCounts, accounting_rows, source_counts
 from etl.transforms.bronze import (
     CONTAINER_FAILURES,
-    TAKEN_DOWN,
     known_fingerprint,
     live,
     manifest_rows,
@@ -52,6 +57,7 @@ from etl.transforms.bronze import (
     refuse_taken_down,
     removed_records,
     takedown_identifiers,
+    taken_down_records,
     unchanged_containers,
 )
 from etl.transforms.fetch import fetch_images
@@ -70,7 +76,6 @@ from etl.writers.delta import (
     update_takedowns,
 )
 from etl.writers.lance import delete_rows
-from etl.writers.remote import read_file, write_file
 
 __all__ = ["CurateResult", "list_sources", "curate", "stage"]
 
@@ -162,29 +167,25 @@ def _version_key(source: SourceConfig) -> str:
     return f"{_SOURCE_VERSION}{source.name}:{where}"
 
 
-def _versions_path(cfg: Config) -> str:
-    return f"{cfg.storage.root.rstrip('/')}/{_VERSIONS_FILE}"
+def _versions_state(cfg: Config) -> DerivedState:
+    return DerivedState(f"{cfg.storage.root.rstrip('/')}/{_VERSIONS_FILE}", "source_versions")
 
 
 def _previous_versions(cfg: Config) -> dict[str, int]:
     """The source versions the last completed curate read; {} when there is no (readable)
     record: every source is then compared in full."""
-    path = _versions_path(cfg)
+    kept = _versions_state(cfg).load() or {}
     try:
-        body = read_file(path)
-        if body is None:
-            return {}
-        raw = json.loads(body)
-        return {k: int(v) for k, v in raw.items() if k.startswith(_SOURCE_VERSION)}
-    except (ValueError, TypeError, AttributeError) as exc:
-        log.warning("curate: %s unreadable (%s): comparing every source in full", path, exc)
+        return {k: int(v) for k, v in kept.items() if k.startswith(_SOURCE_VERSION)}
+    except (ValueError, TypeError):
+        log.warning("curate: source versions unreadable: comparing every source in full")
         return {}
 
 
 def _record_versions(cfg: Config, versions: dict[str, int]) -> None:
     """Written once the run's removals are done (a run that dies before leaves the last
     record, and the next run looks at the history since then again)."""
-    write_file(_versions_path(cfg), json.dumps(versions, sort_keys=True).encode())
+    _versions_state(cfg).save(None, versions)
 
 
 def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: datetime
@@ -199,13 +200,8 @@ def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: dateti
     pending = takedowns.where(F.col("applied_at").isNull())
     if pending.isEmpty():
         return None
-    ids = takedown_identifiers(pending).where("kind = 'sample_id'").select(
-        F.col("value").alias("sample_id"))
-    named = manifest.join(ids, "sample_id", "left_semi").where(
-        (F.col("status") != REMOVED) | (F.col("reason") != TAKEN_DOWN))
     result = remove_records(
-        spark, cfg, named.select("sample_id", "source", "status",
-                                 F.lit(TAKEN_DOWN).alias("reason")),
+        spark, cfg, taken_down_records(manifest, pending),
         run_id=run_id, now=now, retention_hours=cfg.lakehouse.takedown_retention_hours)
     purge = result.purge
     mark_takedowns_applied(spark, paths.takedowns, now=now,
@@ -275,17 +271,39 @@ def _accepted_in_manifest(spark: SparkSession, paths: tables.Layout) -> int:
     return int(counts.loc[counts["status"] == "accepted", "count"].sum())
 
 
-def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
+@contextmanager
+def _job(spark: SparkSession, step: str) -> Iterator[None]:
+    """Spark jobs started inside are labelled ``lakeshard curate: <step>`` (UI, event log)."""
     sc = spark.sparkContext
-    paths = tables.layout(cfg)
-    now = datetime.now(UTC).replace(tzinfo=None)
+    sc.setJobDescription(f"lakeshard curate: {step}")
+    try:
+        yield
+    finally:
+        sc.setJobDescription(None)
 
-    # takedowns a forget left unapplied, before anything reads the manifest
-    sc.setJobDescription("lakeshard curate: finish pending takedowns")
-    pending = _finish_takedowns(spark, cfg, run_id, now)
 
-    # list -> diff with bronze
-    sc.setJobDescription("lakeshard curate: list sources, compare with the manifest")
+@dataclass
+class _Diff:
+    """Step "diff sources": what the sources list, against the manifest."""
+    manifest: DataFrame | None  # as read before this run merges into it (checkpointed)
+    refused: DataFrame | None  # every takedown's identifiers (checkpointed)
+    versions: dict[str, int | None]  # per source with a history: the version read
+    skip: dict[str, frozenset[str]]  # per source: unchanged containers, not opened
+    skipped: dict[str, int]  # per source: the records those containers hold
+    listed: DataFrame  # every listed record, `unchanged` marked (persisted)
+    stats: dict[str, dict]  # per source: n, unchanged, failures (unreadable containers)
+
+    @property
+    def unchanged(self) -> dict[str, int]:
+        """Per source: records not processed (listed unchanged, or in skipped containers)."""
+        out = dict(self.skipped)
+        for name, st in self.stats.items():
+            if st["unchanged"]:
+                out[name] = out.get(name, 0) + st["unchanged"]
+        return out
+
+
+def _diff_sources(spark: SparkSession, cfg: Config, paths: tables.Layout) -> _Diff:
     manifest = tables.read_delta(spark, paths.manifest)
     if manifest is not None:
         manifest = manifest.localCheckpoint(eager=True)  # read before it is merged into
@@ -306,27 +324,59 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
             F.sum(F.col("read_reason").isin(*CONTAINER_FAILURES).cast("int")).alias("failures"),
         ).collect()
     }
-    unchanged = dict(skipped)
-    for name, st in stats.items():
-        if st["unchanged"]:
-            unchanged[name] = unchanged.get(name, 0) + st["unchanged"]
-    removed, scans = None, {}
-    if manifest is not None:
-        removed, scans = _find_removals(spark, cfg, manifest, listed, skip, versions, stats,
-                                        skipped)
-        removed = removed.withColumn("reason", F.lit("source_removed")).localCheckpoint(
+    return _Diff(manifest, refused, versions, skip, skipped, listed, stats)
+
+
+@dataclass
+class _Removals:
+    """Step "find removals": records the sources no longer list, and how each source
+    was looked at."""
+    records: DataFrame | None  # sample_id, source, status, reason (checkpointed)
+    scans: dict[str, str]  # per source: "listing", "kept", a history's note, "deferred: …"
+    source_versions: dict[str, int]  # ledger keys -> the versions fully handled this run
+
+    def deferred(self, name: str) -> bool:
+        return self.scans.get(name, "").startswith("deferred")
+
+
+def _find_removed(spark: SparkSession, cfg: Config, diff: _Diff) -> _Removals:
+    records, scans = None, {}
+    if diff.manifest is not None:
+        records, scans = _find_removals(spark, cfg, diff.manifest, diff.listed, diff.skip,
+                                        diff.versions, diff.stats, diff.skipped)
+        records = records.withColumn("reason", F.lit("source_removed")).localCheckpoint(
             eager=True)
+    found = _Removals(records, scans, {})
     # The versions read, for the next run's history (not when removals were deferred:
     # the next run then looks at everything since the last version fully handled).
-    source_versions = {
-        _version_key(s): versions[s.name] for s in cfg.sources
-        if versions.get(s.name) is not None
-        and not scans.get(s.name, "").startswith("deferred")
-    }
+    found.source_versions.update({
+        _version_key(s): diff.versions[s.name] for s in cfg.sources
+        if diff.versions.get(s.name) is not None and not found.deferred(s.name)
+    })
+    return found
 
-    # refuse what a takedown names -> fetch -> prepare
-    sc.setJobDescription("lakeshard curate: fetch + prepare new records")
-    todo = mark_duplicate_keys(listed.where(~F.col("unchanged")))
+
+@dataclass
+class _Prepared:
+    """Step "fetch and prepare": every record processed this run, with its outcome."""
+    rows: DataFrame  # prepared rows, image bytes dropped (persisted)
+    outcome: DataFrame  # outcome_counts(rows) (persisted)
+    outcome_rows: list  # the same, collected
+    examples: tuple[str, ...]  # a few failed records, for the failure budgets' messages
+
+    @property
+    def processed(self) -> int:
+        return sum(r["count"] for r in self.outcome_rows)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r["count"] for r in self.outcome_rows if r["status"] == "ok")
+
+
+def _fetch_and_prepare(cfg: Config, diff: _Diff) -> _Prepared:
+    """Refuse what a takedown names, fetch referenced images, prepare them."""
+    refused = diff.refused
+    todo = mark_duplicate_keys(diff.listed.where(~F.col("unchanged")))
     if refused is not None:
         todo = refuse_taken_down(todo, refused)  # by key and URL: nothing fetched
     todo = fetch_images(todo, cfg.fetch, cfg.sources).withColumn(
@@ -355,77 +405,131 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     outcome = outcome_counts(prepared).persist()
     outcome_rows = outcome.collect()
-    examples = failure_examples(outcome_rows, cfg.run.budgets.examples)
-    fault_point("curate:prepared")
+    return _Prepared(prepared, outcome, outcome_rows,
+                     failure_examples(outcome_rows, cfg.run.budgets.examples))
 
-    # write curated
-    sc.setJobDescription("lakeshard curate: append to Lance curated")
-    accepted = accepted_rows(prepared, run_id=run_id, ingested_at=F.lit(now))
-    upstream = prepared.where(F.col("status") == "ok").select("sample_id", *UPSTREAM_COLUMNS)
+
+def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep: _Prepared,
+                   run_id: str, now: datetime) -> int:
+    """Append the accepted rows to Lance `curated`, first deleting the rows of records
+    being rewritten; the number of rows replaced."""
+    accepted = accepted_rows(prep.rows, run_id=run_id, ingested_at=F.lit(now))
+    upstream = prep.rows.where(F.col("status") == "ok").select("sample_id", *UPSTREAM_COLUMNS)
     accepted = accepted.join(upstream, "sample_id").select(*accepted.columns, *UPSTREAM_COLUMNS)
-    processed = sum(r["count"] for r in outcome_rows)
-    n_accepted = sum(r["count"] for r in outcome_rows if r["status"] == "ok")
     replaced = 0
-    if processed:  # a run with nothing new writes nothing but its accounting
+    if prep.processed:  # a run with nothing new writes nothing but its accounting
         replaced = _replace_changed(
-            spark, paths.curated, prepared.where(F.col("occurrence") == 1).select("sample_id"),
-            processed,
+            spark, paths.curated,
+            prep.rows.where(F.col("occurrence") == 1).select("sample_id"), prep.processed,
         )
-    if n_accepted or not tables.lance_exists(paths.curated):
+    if prep.accepted or not tables.lance_exists(paths.curated):
         accepted.write.format("lance").mode("append").save(paths.curated)
         # Scalar indexes on the columns analysts filter by (extended to new fragments).
         ensure_scalar_indexes(paths.curated, cfg.lakehouse.scalar_indexes)
-    fault_point("curate:lance_written")
+    if replaced:
+        log.info("curate: replaced %d curated rows of changed records", replaced)
+    return replaced
 
-    # merge bronze; then what left the sources leaves every table (the manifest last)
-    sc.setJobDescription("lakeshard curate: merge Delta rejects, manifest, accounting")
-    if processed or manifest is None:
-        # Nothing rejected this run: a MERGE would insert nothing (once the table exists).
-        if processed > n_accepted or not tables.delta_exists(paths.rejects):
-            merge_rejects(spark, rejected_rows(prepared, run_id=run_id), paths.rejects)
-        merge_manifest(spark, manifest_rows(prepared, run_id=run_id, ingested_at=now),
-                       paths.manifest, before=manifest if processed <= _DRIVER_IDS else None)
-    gone = None
-    if removed is not None and not removed.isEmpty():  # checkpointed above: cheap
-        sc.setJobDescription("lakeshard curate: remove records the sources no longer list")
-        gone = remove_records(spark, cfg, removed, run_id=run_id, now=now,
-                              retention_hours=cfg.lakehouse.removal_retention_hours)
-    removals = [*(pending.counts if pending else ()), *(gone.counts if gone else ())]
-    counts = source_counts(outcome_rows, [s.name for s in cfg.sources], unchanged,
-                           removals, scans)
-    merge_accounting(spark, accounting_rows(outcome, unchanged, run_id=run_id, run_at=now,
-                                            removed=removals),
+
+def _record_bronze(spark: SparkSession, paths: tables.Layout, diff: _Diff, prep: _Prepared,
+                   run_id: str, now: datetime) -> None:
+    """MERGE this run's rejects and manifest rows into Delta."""
+    if not prep.processed and diff.manifest is not None:
+        return
+    # Nothing rejected this run: a MERGE would insert nothing (once the table exists).
+    if prep.processed > prep.accepted or not tables.delta_exists(paths.rejects):
+        merge_rejects(spark, rejected_rows(prep.rows, run_id=run_id), paths.rejects)
+    merge_manifest(spark, manifest_rows(prep.rows, run_id=run_id, ingested_at=now),
+                   paths.manifest,
+                   before=diff.manifest if prep.processed <= _DRIVER_IDS else None)
+
+
+def _apply_removals(spark: SparkSession, cfg: Config, removals: _Removals, run_id: str,
+                    now: datetime) -> RemovalResult | None:
+    """What left the sources leaves every table (the manifest last)."""
+    if removals.records is None or removals.records.isEmpty():  # checkpointed: cheap
+        return None
+    spark.sparkContext.setJobDescription(
+        "lakeshard curate: remove records the sources no longer list")
+    return remove_records(spark, cfg, removals.records, run_id=run_id, now=now,
+                          retention_hours=cfg.lakehouse.removal_retention_hours)
+
+
+def _record_accounting(spark: SparkSession, cfg: Config, paths: tables.Layout, diff: _Diff,
+                       prep: _Prepared, removals: _Removals,
+                       removed: list[RemovalResult | None], run_id: str,
+                       now: datetime) -> tuple[SourceCounts, ...]:
+    """Per source and outcome: the run's accounting rows, MERGEd into Delta; the counts."""
+    counts = [c for r in removed if r is not None for c in r.counts]
+    unchanged = diff.unchanged
+    merge_accounting(spark, accounting_rows(prep.outcome, unchanged, run_id=run_id,
+                                            run_at=now, removed=counts),
                      paths.accounting)
-    purge = next((r.purge for r in (gone, pending) if r is not None and r.purge), None)
-    if tables.lance_exists(paths.curated):
-        # Removed rows' versions past their retention; takedowns whose bytes that frees.
-        purged, _, _ = run_due_purges(paths.curated, now)
-        if purged and tables.read_delta(spark, paths.takedowns) is not None:
-            oldest = min(int(v["version"]) for v in tables.open_curated(cfg).versions())
-            update_takedowns(spark, paths.takedowns,
-                             f"purged_at IS NULL AND purge_version <= {oldest}",
-                             {"purged_at": now})
-    sc.setJobDescription(None)
-    for df in (outcome, prepared, listed):
-        df.unpersist()
+    return source_counts(prep.outcome_rows, [s.name for s in cfg.sources], unchanged,
+                         counts, removals.scans)
 
+
+def _purge_due(spark: SparkSession, cfg: Config, paths: tables.Layout, now: datetime) -> None:
+    """Removed rows' versions past their retention; takedowns whose bytes that frees."""
+    if not tables.lance_exists(paths.curated):
+        return
+    purged, _, _ = run_due_purges(paths.curated, now)
+    if purged and tables.read_delta(spark, paths.takedowns) is not None:
+        oldest = min(int(v["version"]) for v in tables.open_curated(cfg).versions())
+        update_takedowns(spark, paths.takedowns,
+                         f"purged_at IS NULL AND purge_version <= {oldest}",
+                         {"purged_at": now})
+
+
+def _closing_check(spark: SparkSession, cfg: Config, paths: tables.Layout):
+    """The curated table as left, once its row count is checked against the manifest."""
     ds = tables.open_curated(cfg)
     in_manifest = _accepted_in_manifest(spark, paths)
     if ds.count_rows() != in_manifest:
         raise RuntimeError(
             f"curated table has {ds.count_rows()} rows, the manifest {in_manifest} accepted"
         )
-    if replaced:
-        log.info("curate: replaced %d curated rows of changed records", replaced)
-    if any(v is not None for v in versions.values()):
-        # A source whose removals were deferred keeps the version last fully handled.
-        deferred = {_version_key(s) for s in cfg.sources
-                    if scans.get(s.name, "").startswith("deferred")}
-        kept = {k: v for k, v in _previous_versions(cfg).items() if k in deferred}
-        _record_versions(cfg, {**kept, **source_versions})
+    return ds
+
+
+def _remember_versions(cfg: Config, diff: _Diff, removals: _Removals) -> None:
+    """The source versions this run fully handled, for the next run's history; a source
+    whose removals were deferred keeps the version last fully handled."""
+    if all(v is None for v in diff.versions.values()):
+        return
+    deferred = {_version_key(s) for s in cfg.sources if removals.deferred(s.name)}
+    kept = {k: v for k, v in _previous_versions(cfg).items() if k in deferred}
+    _record_versions(cfg, {**kept, **removals.source_versions})
+
+
+def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
+    paths = tables.layout(cfg)
+    now = datetime.now(UTC).replace(tzinfo=None)
+    with _job(spark, "finish pending takedowns"):  # before anything reads the manifest
+        pending = _finish_takedowns(spark, cfg, run_id, now)
+    with _job(spark, "list sources, compare with the manifest"):
+        diff = _diff_sources(spark, cfg, paths)
+        removals = _find_removed(spark, cfg, diff)
+    with _job(spark, "fetch + prepare new records"):
+        prep = _fetch_and_prepare(cfg, diff)
+    fault_point("curate:prepared")
+    with _job(spark, "append to Lance curated"):
+        _write_curated(spark, cfg, paths, prep, run_id, now)
+    fault_point("curate:lance_written")
+    with _job(spark, "merge Delta rejects, manifest, accounting"):
+        _record_bronze(spark, paths, diff, prep, run_id, now)
+        gone = _apply_removals(spark, cfg, removals, run_id, now)
+        counts = _record_accounting(spark, cfg, paths, diff, prep, removals, [pending, gone],
+                                    run_id, now)
+        _purge_due(spark, cfg, paths, now)
+    for df in (prep.outcome, prep.rows, diff.listed):
+        df.unpersist()
+    ds = _closing_check(spark, cfg, paths)
+    _remember_versions(cfg, diff, removals)
+    purge = next((r.purge for r in (gone, pending) if r is not None and r.purge), None)
     return CurateResult(paths.curated, ds.version, ds.count_rows(), paths.rejects,
-                        paths.manifest, paths.accounting, counts, purge, source_versions,
-                        examples=examples)
+                        paths.manifest, paths.accounting, counts, purge,
+                        removals.source_versions, examples=prep.examples)
 
 
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:

@@ -12,8 +12,6 @@ a takedown names is left out even if a run died before deleting it from the tabl
 
 from __future__ import annotations
 
-import json
-
 import pandas as pd
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
@@ -23,9 +21,10 @@ from etl import tables
 from etl.config import Config
 from etl.errors import ConfigError
 from etl.lakehouse.counts import manifest_counts
+from etl.lakehouse.derived import DerivedState
 from etl.runtime.stage import RunContext, StageResult
 from etl.schema import REMOVED
-from etl.transforms.bronze import takedown_identifiers
+from etl.transforms.bronze import taken_down_ids
 from etl.transforms.export import (
     export_columns,
     export_rows,
@@ -34,7 +33,6 @@ from etl.transforms.export import (
 )
 from etl.writers.lance import ROW_ADDRESS
 from etl.writers.mds import BlobSource, ExportResult, export_mds, mds_encoding, read_manifest
-from etl.writers.remote import read_file, write_file
 
 __all__ = ["export", "stage"]
 
@@ -44,8 +42,7 @@ def _taken_down(spark: SparkSession, cfg: Config) -> DataFrame | None:
     takedowns = tables.read_delta(spark, tables.layout(cfg).takedowns)
     if takedowns is None:
         return None
-    return (takedown_identifiers(takedowns).where("kind = 'sample_id'")
-            .select(F.col("value").alias("sample_id")).localCheckpoint(eager=True))
+    return taken_down_ids(takedowns).localCheckpoint(eager=True)
 
 
 def _removals(spark: SparkSession, cfg: Config) -> dict:
@@ -70,36 +67,131 @@ def _removals(spark: SparkSession, cfg: Config) -> dict:
     return out
 
 
+class _Memo:
+    """What the last export of a name counted from the dedup table (rows exported,
+    duplicates left out, their fingerprint) and from the manifest (rows removed), each
+    keyed by the versions it was counted at (:mod:`etl.lakehouse.derived`): a Delta
+    version pins its content, so the same versions give the same figures and a rerun
+    needs no Spark job to know its export key."""
+
+    def __init__(self, cfg: Config, name: str):
+        base = f"{tables.layout(cfg).meta_dir}/exports/{name}"
+        self._dedup = DerivedState(f"{base}.dedup.json", "export_dedup")
+        self._removals = DerivedState(f"{base}.removals.json", "export_removals")
+
+    def dedup(self, inputs: dict) -> tuple[int, int, int] | None:
+        """(expected, excluded_duplicates, duplicates_fingerprint) counted at `inputs`."""
+        kept = self._dedup.load(inputs)
+        try:
+            return None if kept is None else (int(kept["expected"]),
+                                              int(kept["excluded_duplicates"]),
+                                              int(kept["duplicates_fingerprint"]))
+        except (KeyError, TypeError, ValueError):
+            return None
+
+    def removals(self, manifest_version: int | None) -> dict | None:
+        if manifest_version is None:
+            return None
+        kept = self._removals.load({"manifest_version": manifest_version})
+        return None if kept is None else dict(kept)
+
+    def save(self, inputs: dict | None, expected: int, dedup: dict,
+             manifest_version: int | None, removals: dict) -> None:
+        """After the export it describes committed."""
+        if inputs is not None:
+            self._dedup.save(inputs, {"expected": expected, **{
+                k: dedup[k] for k in ("excluded_duplicates", "duplicates_fingerprint")}})
+        if manifest_version is not None:
+            self._removals.save({"manifest_version": manifest_version}, removals)
+
+
+def _latents(name: str, exp, table, mapping: dict) -> dict[str, str]:
+    """Precomputed text latents (default: none, computed online): their columns added
+    to `mapping`, their encodings; every exported row must have them."""
+    extra, encodings, required = latent_export_columns(exp, table.schema)
+    for out in extra:
+        if out in mapping:
+            raise ConfigError(f"exports.{name}.latents: {out!r} is already exported")
+    mapping.update(extra)
+    missing_filter = " OR ".join(f"{c} IS NULL" for c in required)
+    if exp.where:
+        missing_filter = f"({exp.where}) AND ({missing_filter})"
+    missing = table.count_rows(filter=missing_filter)
+    if missing:
+        raise ConfigError(
+            f"exports.{name}.latents: {missing} exported row(s) have no latents "
+            f"({' or '.join(required)} is null): run `lakeshard latents --encoder "
+            "NAME` (rows whose caption failed to encode have latent_error_* set)"
+        )
+    return encodings
+
+
+def _read_curated(spark: SparkSession, curated_path: str, version: int, columns: list[str],
+                  where: str | None) -> DataFrame:
+    """The chosen rows' small columns and row addresses at the pinned version, read once
+    (the counts, an incremental export's diff and the write all scan them)."""
+    reader = (spark.read.format("lance").option("version", str(version))
+              .option("columns", ",".join(columns)).option("row_address", "true"))
+    if where:
+        reader = reader.option("filter", where)
+    return reader.load(curated_path).persist(StorageLevel.MEMORY_AND_DISK)
+
+
+def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated: DataFrame,
+                   matching: int, memo: _Memo
+                   ) -> tuple[DataFrame | None, int, dict, dict | None]:
+    """Non-canonical duplicates stay in the table; the export leaves them out. Returns
+    them, the rows left, the dedup part of the lineage and the memo's inputs. What was
+    left out is lineage as content (not as a Delta version): an unchanged dedup result
+    keeps the export key, so a rerun stays a no-op; excluded_duplicates are rows
+    matching `where` left out (verify-export subtracts them)."""
+    lineage: dict = {"include_duplicates": exp.include_duplicates}
+    if exp.include_duplicates:
+        return None, matching, lineage, None
+    duplicates = tables.non_canonical_ids(spark, cfg, version)
+    if duplicates is None:
+        return None, matching, lineage, None
+    inputs = {"table_version": version, "where": exp.where,
+              "dedup_version": tables.delta_version(spark, tables.layout(cfg).dedup)}
+    known = memo.dedup(inputs)  # the same versions: the same figures, no table read
+    if known is None:
+        expected = curated.select("sample_id").join(duplicates, "sample_id",
+                                                    "left_anti").count()
+        known = (expected, matching - expected, ids_fingerprint(duplicates))
+    expected, excluded, fingerprint = known
+    lineage.update(excluded_duplicates=excluded, duplicates_fingerprint=fingerprint)
+    return duplicates, expected, lineage, inputs
+
+
+def _exclude_taken_down(spark: SparkSession, cfg: Config, curated: DataFrame,
+                        duplicates: DataFrame | None, expected: int, removals: dict
+                        ) -> tuple[DataFrame | None, int]:
+    """Rows a takedown names that are still in the table (a run died before deleting
+    them; normally none): left out too. Returns every id left out and the rows left."""
+    taken_down = _taken_down(spark, cfg)
+    if taken_down is None or taken_down.isEmpty():
+        return duplicates, expected
+    kept = curated.select("sample_id")
+    if duplicates is not None:
+        kept = kept.join(duplicates, "sample_id", "left_anti")
+    remaining = kept.join(taken_down, "sample_id", "left_anti").count()
+    removals["excluded_taken_down"] = expected - remaining
+    left_out = taken_down if duplicates is None else duplicates.unionByName(taken_down)
+    return left_out, remaining
+
+
 def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     exp = cfg.export(name)
     table = tables.open_curated(cfg)
-    curated_path = tables.layout(cfg).curated
+    paths = tables.layout(cfg)
     mapping = export_columns(exp, table.schema.names)
     try:
-        expected = table.count_rows(filter=exp.where)
+        matching = table.count_rows(filter=exp.where)
     except (ValueError, OSError) as exc:  # a predicate Lance can't parse
         raise ConfigError(f"exports.{name}.where: {exp.where!r}: {exc}") from None
-    encodings: dict[str, str] = {}
-    if exp.latents:  # precomputed text latents (default: none, computed online)
-        extra, encodings, required = latent_export_columns(exp, table.schema)
-        for out in extra:
-            if out in mapping:
-                raise ConfigError(f"exports.{name}.latents: {out!r} is already exported")
-        mapping.update(extra)
-        missing_filter = " OR ".join(f"{c} IS NULL" for c in required)
-        if exp.where:
-            missing_filter = f"({exp.where}) AND ({missing_filter})"
-        missing = table.count_rows(filter=missing_filter)
-        if missing:
-            raise ConfigError(
-                f"exports.{name}.latents: {missing} exported row(s) have no latents "
-                f"({' or '.join(required)} is null): run `lakeshard latents --encoder "
-                "NAME` (rows whose caption failed to encode have latent_error_* set)"
-            )
-
-    # Image bytes don't travel through Spark: rows carry their Lance row address and
-    # each export task takes the bytes from the pinned table version (BlobSource).
-    # Latents (fixed-shape ndarray bytes, tens of kB per sample) are taken the same way.
+    encodings = _latents(name, exp, table, mapping) if exp.latents else {}
+    # Image bytes (and latents) don't travel through Spark: rows carry their Lance row
+    # address and each export task takes the bytes from the pinned version (BlobSource).
     fetched = {out: src for out, src in mapping.items() if out == "image" or out in encodings}
     small = sorted({src for out, src in mapping.items() if out not in fetched})
     # A row's image, in its fingerprint (an incremental export's diff), by its hash.
@@ -107,129 +199,44 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
                 else None)
     if identity and identity not in small:
         small.append(identity)
-
-    def read(columns: list[str]):
-        reader = (
-            spark.read.format("lance")
-            .option("version", str(table.version))
-            .option("columns", ",".join(columns))
-        )
-        if exp.where:
-            reader = reader.option("filter", exp.where)
-        return reader
-
-    # Read from Lance once: the counts below, the diff of an incremental export and the
-    # write all scan these rows (small columns and row addresses, no image bytes).
-    curated = read(small).option("row_address", "true").load(curated_path).persist(
-        StorageLevel.MEMORY_AND_DISK)
+    memo = _Memo(cfg, name)
+    curated = _read_curated(spark, paths.curated, table.version, small, exp.where)
     try:
-        duplicates = None
-        if not exp.include_duplicates:
-            duplicates = tables.non_canonical_ids(spark, cfg, table.version)
-        dedup_manifest: dict = {"include_duplicates": exp.include_duplicates}
-        memo = _read_memo(cfg, name) or {}
-        memo_inputs = None
-        if duplicates is not None:
-            # Non-canonical duplicates stay in the table; the export leaves them out.
-            # What was left out, as content (not as a Delta version): an unchanged dedup
-            # result keeps the export key, so a rerun stays a no-op.
-            # excluded_duplicates: rows matching `where` left out (verify-export subtracts it).
-            memo_inputs = {"table_version": table.version, "where": exp.where,
-                           "dedup_version": tables.delta_version(spark, tables.layout(cfg).dedup)}
-            if memo.get("inputs") == memo_inputs:
-                # The same table versions: the same figures, without reading either table.
-                expected, excluded, fingerprint = (
-                    memo["expected"], memo["excluded_duplicates"], memo["duplicates_fingerprint"])
-            else:
-                matching = expected
-                expected = curated.select("sample_id").join(
-                    duplicates, "sample_id", "left_anti"
-                ).count()
-                excluded, fingerprint = matching - expected, ids_fingerprint(duplicates)
-            dedup_manifest.update(excluded_duplicates=excluded,
-                                  duplicates_fingerprint=fingerprint)
-        after_dedup = expected  # what the memo keeps: takedowns are applied afresh each time
-        # Removals: rows that left the table, and (normally none) rows a takedown names that
-        # are still in it because a run died before deleting them.
-        # The removal figures as of the manifest's version: the same version, the same
-        # figures (from the memo, without a Spark job over the manifest).
-        manifest_version = tables.delta_version(spark, tables.layout(cfg).manifest)
-        if manifest_version is not None and memo.get("manifest_version") == manifest_version:
-            removals = dict(memo["removals"])
-        else:
-            removals = _removals(spark, cfg)
-        memo_removals = dict(removals)
-        taken_down = _taken_down(spark, cfg)
-        left_out = duplicates
-        if taken_down is not None and not taken_down.isEmpty():
-            kept = curated.select("sample_id")
-            if duplicates is not None:
-                kept = kept.join(duplicates, "sample_id", "left_anti")
-            remaining = kept.join(taken_down, "sample_id", "left_anti").count()
-            removals["excluded_taken_down"] = expected - remaining
-            expected = remaining
-            left_out = taken_down if duplicates is None else duplicates.unionByName(taken_down)
-        rows = export_rows(
-            curated, mapping, captions=set(exp.captions), fetched=set(fetched),
-            duplicates=left_out, row_address=ROW_ADDRESS, identity=identity,
-        )
+        duplicates, after_dedup, dedup, memo_inputs = _dedup_lineage(
+            spark, cfg, exp, table.version, curated, matching, memo)
+        # Rows removals took out, as of the manifest's version (the memo's when the same).
+        manifest_version = tables.delta_version(spark, paths.manifest)
+        removals = memo.removals(manifest_version) or _removals(spark, cfg)
+        memo_removals = dict(removals)  # takedowns are applied afresh each time
+        left_out, expected = _exclude_taken_down(spark, cfg, curated, duplicates,
+                                                 after_dedup, removals)
+        rows = export_rows(curated, mapping, captions=set(exp.captions), fetched=set(fetched),
+                           duplicates=left_out, row_address=ROW_ADDRESS, identity=identity)
         for f in rows.schema.fields:  # MDS encodings checked before the job starts
             if f.name not in (ROW_ADDRESS, "_identity") and f.name not in encodings:
                 mds_encoding(f.dataType, f.name)
-
         result = export_mds(
-            rows,
-            tables.export_path(cfg, name),
-            partitions=exp.partitions,
-            size_limit=exp.size_limit,
-            compression=exp.compression,
-            hashes=exp.hashes,
-            seed=exp.seed,
-            blobs=BlobSource(curated_path, table.version, fetched),
-            buckets=exp.buckets,
-            jpeg_quality=cfg.prepare.jpeg_quality,
+            rows, tables.export_path(cfg, name), partitions=exp.partitions,
+            size_limit=exp.size_limit, compression=exp.compression, hashes=exp.hashes,
+            seed=exp.seed, blobs=BlobSource(paths.curated, table.version, fetched),
+            buckets=exp.buckets, jpeg_quality=cfg.prepare.jpeg_quality,
             encodings=encodings or None,
-            manifest={"name": name, "table": curated_path, "where": exp.where,
+            manifest={"name": name, "table": paths.curated, "where": exp.where,
                       "sources": dict(mapping)},
             # What changes with the table's content: an incremental export diffs rows when
             # only this changed since the export in place.
-            lineage={"table_version": table.version, "dedup": dedup_manifest,
-                     "removals": removals},
-            incremental=exp.incremental,
-            identity="_identity" if identity else None,
+            lineage={"table_version": table.version, "dedup": dedup, "removals": removals},
+            incremental=exp.incremental, identity="_identity" if identity else None,
         )
         if result.samples != expected:
             raise RuntimeError(
                 f"export {name!r} has {result.samples} samples, the table has {expected} "
                 f"matching {exp.where!r}"
             )
-        new_memo = {"inputs": memo_inputs, "expected": after_dedup,
-                    "manifest_version": manifest_version, "removals": memo_removals,
-                    **{k: dedup_manifest.get(k) for k in (
-                        "excluded_duplicates", "duplicates_fingerprint")}}
-        if new_memo != memo:
-            _write_memo(cfg, name, new_memo)
+        memo.save(memo_inputs, after_dedup, dedup, manifest_version, memo_removals)
         return result
-
     finally:
         curated.unpersist()
-
-def _memo_path(cfg: Config, name: str) -> str:
-    return f"{tables.layout(cfg).meta_dir}/exports/{name}.json"
-
-
-def _read_memo(cfg: Config, name: str) -> dict | None:
-    """What the last export of `name` counted from the dedup table (rows exported,
-    duplicates left out, their fingerprint) and from the manifest (rows removed), and at
-    which curated, dedup and manifest versions: a Delta version pins its content, so the
-    same versions give the same figures and a rerun needs no Spark job to know its
-    export key."""
-    body = read_file(_memo_path(cfg, name))
-    return None if body is None else json.loads(body)
-
-
-def _write_memo(cfg: Config, name: str, memo: dict) -> None:
-    write_file(_memo_path(cfg, name), json.dumps(memo, sort_keys=True).encode())
 
 
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:

@@ -72,17 +72,15 @@ def taken_down_ids(cfg) -> frozenset[str] | None:
     path = tables.layout(cfg).takedowns
     if "://" not in path and not os.path.isdir(os.path.join(path, "_delta_log")):
         return None
-    from pyspark.sql import functions as F
 
     from etl.session import get_spark
-    from etl.transforms.bronze import takedown_identifiers
+    from etl.transforms.bronze import taken_down_ids
 
     spark = get_spark(cfg)
     table = tables.read_delta(spark, path)
     if table is None:
         return None
-    ids = takedown_identifiers(table).where(F.col("kind") == "sample_id")
-    return frozenset(r["value"] for r in ids.select("value").collect())
+    return frozenset(r["sample_id"] for r in taken_down_ids(table).collect())
 
 
 def verify_export(path: str, *, loader_workers: int = 2, loader_samples: int = 64,

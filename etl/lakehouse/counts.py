@@ -18,14 +18,14 @@ same rows, so a report written from it equals a scan of the table (tested).
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Sequence
 
 import pandas as pd
 import pyarrow as pa
 
-from etl.writers.remote import read_file, subtree, write_file
+from etl.lakehouse.derived import DerivedState
+from etl.writers.remote import subtree
 
 log = logging.getLogger(__name__)
 
@@ -34,30 +34,14 @@ __all__ = ["lance_counts", "delta_counts", "manifest_counts", "MANIFEST_COLUMNS"
 # The bronze manifest's rows by these (curate's closing check, an export's removals).
 MANIFEST_COLUMNS = ("status", "stage", "reason")
 
-_FORMAT = 1
-
-
 def _load(cache: str, columns: Sequence[str]) -> dict[str, list]:
     """The cached counts per key, or {} when there is no usable cache."""
-    try:
-        raw = read_file(cache)
-        data = json.loads(raw) if raw else None
-    except (OSError, ValueError) as exc:
-        log.info("counts: cache %s unreadable (%s): counting again", cache, exc)
-        return {}
-    if not isinstance(data, dict) or data.get("format") != _FORMAT or \
-            data.get("columns") != list(columns):
-        return {}
-    return dict(data.get("parts") or {})
+    kept = DerivedState(cache, "counts").load({"columns": list(columns)})
+    return dict(kept["parts"]) if kept and isinstance(kept.get("parts"), dict) else {}
 
 
 def _save(cache: str, columns: Sequence[str], parts: dict[str, list]) -> None:
-    body = json.dumps({"format": _FORMAT, "columns": list(columns), "parts": parts},
-                      sort_keys=True, separators=(",", ":"))
-    try:
-        write_file(cache, body.encode())
-    except OSError as exc:  # a cache that cannot be written costs the next report a scan
-        log.warning("counts: could not write %s (%s)", cache, exc)
+    DerivedState(cache, "counts").save({"columns": list(columns)}, {"parts": parts})
 
 
 def _grouped(table: pa.Table, columns: Sequence[str]) -> list[list]:

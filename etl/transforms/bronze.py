@@ -35,6 +35,8 @@ __all__ = [
     "live",
     "removed_records",
     "takedown_identifiers",
+    "taken_down_ids",
+    "taken_down_records",
     "refuse_taken_down",
     "refuse_prepared",
     "match_takedowns",
@@ -180,6 +182,21 @@ def takedown_identifiers(takedowns: DataFrame) -> DataFrame:
         .groupBy("kind", "value")
         .agg(F.min("request_id").alias("request_id"))
     )
+
+
+def taken_down_ids(takedowns: DataFrame) -> DataFrame:
+    """``sample_id`` of every record the takedown rows name, once each."""
+    return (takedown_identifiers(takedowns).where(F.col("kind") == "sample_id")
+            .select(F.col("value").alias("sample_id")))
+
+
+def taken_down_records(manifest: DataFrame, takedowns: DataFrame) -> DataFrame:
+    """Manifest records the takedown rows name that are not yet removed as taken down,
+    as the rows :func:`etl.lakehouse.maintenance.remove_records` takes: ``sample_id,
+    source, status, reason``."""
+    named = manifest.join(taken_down_ids(takedowns), "sample_id", "left_semi").where(
+        (F.col("status") != REMOVED) | (F.col("reason") != TAKEN_DOWN))
+    return named.select("sample_id", "source", "status", F.lit(TAKEN_DOWN).alias("reason"))
 
 
 def _original_sha256(manifest: DataFrame) -> Column:
