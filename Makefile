@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 # own), the caption/search/report/samples stacks, the test tools (pyproject.toml).
 EXTRAS := spark,caption,search,report,samples,test
 
-.PHONY: setup jars jars-s3a run test lint bench clean kernel browser wheel artifacts
+.PHONY: setup jars jars-s3a jars-spark40 run test test-platforms lint bench clean kernel browser wheel artifacts
 
 setup: $(STAMP) $(JARS)/.complete browser
 
@@ -39,6 +39,16 @@ $(JARS)/.complete: jars/pom.xml
 
 jars: $(JARS)/.complete
 
+## Delta 4.0.0 for Spark 4.0 (emr-spark-8.0.0's Spark 4.0.2; the stand-ins of
+## `make test-platforms`): the same pom with Delta's Spark-4.0 artifact, into .jars/spark40/.
+$(JARS)/spark40/.complete: jars/pom.xml $(JARS)/.complete
+	rm -rf $(JARS)/spark40 && mkdir -p $(JARS)/spark40
+	mvn -q -B -f jars/pom.xml dependency:copy-dependencies -Ddelta.artifact=delta-spark_2.13 \
+	  -Ddelta.version=4.0.0 -DoutputDirectory=$(CURDIR)/$(JARS)/spark40
+	touch $@
+
+jars-spark40: $(JARS)/spark40/.complete
+
 ## Hadoop S3A (hadoop-aws + the AWS SDK v2 modules it uses) for storage on s3:// or s3a://,
 ## into .jars/s3a/; lakeshard adds them to Spark only when a config needs them.
 $(JARS)/s3a/.complete: jars/s3a/pom.xml $(JARS)/.complete
@@ -58,6 +68,14 @@ test: setup jars-s3a
 	$(BIN)/lint-imports --no-logo
 	$(BIN)/pytest
 
+## The platform stand-ins (docs/operations.md, "Platforms"; ~10 min, not in `make test`):
+## Python 3.12 venvs with the runtime's pyspark installed first, the built wheel as the
+## platform installs it, then the deploy files' own entry points and arguments through
+## spark-submit on the sample sources -- emr-spark-8.0.0 and DBR 17.3 (Spark 4.0.2,
+## Delta 4.0.0), DBR 18 (Spark 4.1.x, Delta 4.4.0) -- and the wheel on Python 3.13.
+test-platforms: setup $(JARS)/spark40/.complete
+	LAKESHARD_PLATFORMS=1 $(BIN)/pytest -p no:cacheprovider -m platform tests/test_platforms.py
+
 ## A Jupyter kernel "lakeshard" that runs the venv's python (for JupyterLab/VS Code)
 kernel: setup
 	$(BIN)/python -m ipykernel install --sys-prefix --name lakeshard --display-name "lakeshard (.venv)"
@@ -66,12 +84,12 @@ wheel: $(STAMP)
 	rm -rf build dist/lakeshard-*.whl
 	$(BIN)/pip wheel --quiet --no-deps --no-build-isolation --disable-pip-version-check -w dist .
 
-## Everything a cluster needs, in one folder to upload: wheel, constraints, JARs,
-## entrypoints, cluster configs (see docs/operations.md)
-artifacts: wheel $(JARS)/.complete
+## Everything a cluster needs, in one folder to upload: wheel, constraints, the JARs
+## EMR's steps name (Delta 4.0.0), entrypoints, cluster configs (docs/operations.md)
+artifacts: wheel $(JARS)/spark40/.complete
 	rm -rf dist/artifacts && mkdir -p dist/artifacts/jars dist/artifacts/entrypoints dist/artifacts/conf
 	cp dist/lakeshard-*.whl constraints.txt dist/artifacts/
-	cp $(JARS)/delta-spark_*.jar $(JARS)/delta-storage-*.jar dist/artifacts/jars/
+	cp $(JARS)/spark40/delta-spark_2.13-4.0.0.jar $(JARS)/spark40/delta-storage-4.0.0.jar dist/artifacts/jars/
 	cp etl/entrypoints/*.py dist/artifacts/entrypoints/
 	cp conf/databricks.yaml conf/emr.yaml dist/artifacts/conf/
 	cp deploy/emr-bootstrap.sh dist/artifacts/

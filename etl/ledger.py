@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "config_hash", "code_version", "arrow_schema", "append", "record", "mark_crashed",
-    "recent_runs", "recent_runs_local", "utcnow",
+    "recent_runs", "recent_runs_local", "recorded_stages", "utcnow",
 ]
 
 
@@ -225,3 +225,16 @@ def recent_runs_local(path: str, limit: int = 10) -> list[dict] | None:
     for r in out:
         r.pop("recorded_at", None)
     return out
+
+
+def recorded_stages(spark: SparkSession, path: str, run_id: str) -> set[str]:
+    """The stages the ledger already has an event of for `run_id` (not the ``run`` row):
+    a run continued by a later process under the same ``--run-id`` -- the next task of
+    a Databricks job, the next step on EMR -- keeps what its earlier tasks recorded."""
+    rows = recent_runs_local(path, limit=1 << 30)
+    if rows is None:  # a feature delta-rs does not read: ask Spark
+        df = tables.read_runs(spark, path)
+        rows = [] if df is None else [
+            r.asDict() for r in df.where(df.run_id == run_id).select("run_id", "stage")
+            .collect()]
+    return {r["stage"] for r in rows if r["run_id"] == run_id and r["stage"] != "run"}

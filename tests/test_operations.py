@@ -13,13 +13,12 @@ import time
 import tomllib
 import zipfile
 from importlib import import_module
-from pathlib import Path
 
 import pytest
 import yaml
 from conftest import JARS_DIR, REPO, make_config
 
-from etl.config import ConfigError, load_config
+from etl.config import ConfigError
 from etl.runtime.lock import RunLock, RunLockedError
 
 # ------------------------------------------------------------------ lock
@@ -206,55 +205,8 @@ def test_entrypoint_passes_its_arguments_to_the_subcommand(tmp_path, capsys):
     assert "run.stages[0]: unknown stage 'x'" in capsys.readouterr().err
 
 
-def _conf_basename_ok(args: list[str]) -> str:
-    conf = args[args.index("--conf") + 1]
-    local = REPO / "conf" / Path(conf).name
-    assert local.is_file(), conf
-    load_config(local)  # the cluster config it names parses and validates
-    return conf
-
-
-def test_databricks_job_definition():
-    job = json.loads((REPO / "deploy" / "databricks-job.json").read_text())
-    assert job["max_concurrent_runs"] == 1
-    assert re.fullmatch(r"[\d*?/ ]+", job["schedule"]["quartz_cron_expression"])
-    clusters = {c["job_cluster_key"] for c in job["job_clusters"]}
-    scripts = _scripts()
-    for task in job["tasks"]:
-        assert task["job_cluster_key"] in clusters
-        wheel = task["python_wheel_task"]
-        assert wheel["package_name"] == "lakeshard"
-        assert callable(_resolve(scripts[wheel["entry_point"]]))
-        _conf_basename_ok(wheel["parameters"])
-        libs = [lib["whl"] for lib in task["libraries"] if "whl" in lib]
-        with open(REPO / "pyproject.toml", "rb") as f:
-            version = tomllib.load(f)["project"]["version"]
-        assert libs and all(Path(w).name == f"lakeshard-{version}-py3-none-any.whl"
-                            for w in libs)
-
-
-def test_emr_steps_and_schedule():
-    steps = json.loads((REPO / "deploy" / "emr-steps.json").read_text())
-    pom = (REPO / "jars" / "pom.xml").read_text()
-    delta = re.search(r"<delta.version>([\d.]+)</delta.version>", pom).group(1)
-    for step in steps:
-        args = step["HadoopJarStep"]["Args"]
-        assert step["HadoopJarStep"]["Jar"] == "command-runner.jar"
-        assert args[0] == "spark-submit"
-        jars = args[args.index("--jars") + 1].split(",")
-        names = {Path(j).name for j in jars}
-        assert f"delta-spark_4.1_2.13-{delta}.jar" in names
-        assert f"delta-storage-{delta}.jar" in names
-        if JARS_DIR.is_dir():
-            assert names <= {p.name for p in JARS_DIR.glob("*.jar")}
-        app = next(a for a in args if a.endswith(".py"))
-        entry = REPO / "etl" / "entrypoints" / Path(app).name
-        assert entry.is_file() and callable(import_module(f"etl.entrypoints.{entry.stem}").main)
-        _conf_basename_ok(args[args.index(app) + 1:])
-        assert args[args.index("--deploy-mode") + 1] == "client"  # the lock is on the primary
-    schedule = json.loads((REPO / "deploy" / "emr-schedule.json").read_text())
-    assert schedule["ScheduleExpression"].startswith("cron(")
-    assert json.loads(schedule["Target"]["Input"])["Steps"] == steps
+# The deploy files (deploy/*.json) and the entry points' exit statuses:
+# tests/test_platform_deploy.py, with the platforms' own client libraries.
 
 
 def test_wheel_contains_the_package_configs_and_entry_points(tmp_path):

@@ -105,7 +105,7 @@ def run_stages(
     check_run_id(run_id)
     names = [s.name for s in stages]
     ctx = RunContext(run_id=run_id or new_run_id(), export_names=export_names,
-                     options=dict(options or {}))
+                     options=dict(options or {}), continued=run_id is not None)
     for stage in stages:
         check = stage.load_check()
         if check is not None:
@@ -170,6 +170,12 @@ def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome,
     # One write per step: a stage's `running` row goes in with the previous row.
     started = ledger.utcnow()
     skipped = [s for s in STAGES.names() if s not in names] if summary else []
+    if skipped and ctx.continued:
+        # One run across processes (a multi-task job passing its run id to each task):
+        # "not selected" only for stages no earlier task of this run recorded, so the
+        # ledger shows one run with every stage's own outcome.
+        recorded = ledger.recorded_stages(spark, runs_path, run_id)
+        skipped = [s for s in skipped if s not in recorded]
     ledger.record(spark, runs_path, [
         _ledger_row(base, "run", "running", run_started),
         *[_ledger_row(base, s, "skipped", run_started, note="not selected")

@@ -50,6 +50,9 @@ class RunContext:
     results: dict[str, StageResult] = field(default_factory=dict)
     # A command's own arguments (`lakeshard caption --version v --force`): stage -> dict.
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The run id was given (``--run-id``): this process may continue a run that earlier
+    # processes (the job's previous tasks) recorded in the ledger.
+    continued: bool = False
 
     def option(self, stage: str, name: str, default: Any = None) -> Any:
         return self.options.get(stage, {}).get(name, default)
