@@ -166,16 +166,16 @@ def fetch_ref(
     if not ref or not isinstance(ref, str):
         return FetchResult(None, "bad_url", "empty reference", 0)
     rng = None if length is None else (int(offset or 0), int(length))
-    scheme = urllib.parse.urlsplit(ref).scheme.lower()
     try:
+        if rules.own and rules.local and ref.startswith("file:"):
+            return _local(ref[len("file:"):], opts, rng, rules)  # as listed, verbatim
+        scheme = urllib.parse.urlsplit(ref).scheme.lower()
         if _is_local(scheme):
             if not rules.local:
                 return FetchResult(None, "bad_scheme", "a local path or file:// URL (the "
                                    "source does not set allow_local)", 0)
             if scheme != "file":
                 path = ref  # a path is a path
-            elif rules.own:
-                path = ref[len("file:"):]  # what the adapter listed, verbatim
             else:  # a file:// URL a stranger wrote: URL syntax, percent-decoded
                 path = urllib.request.url2pathname(urllib.parse.urlsplit(ref).path)
             return _local(path, opts, rng, rules)
