@@ -13,8 +13,17 @@ N / 250 partitions (`--rows-per-partition`), so that a partition -- what a row l
 the export costs to rewrite -- stays the same size as N grows. `--jobs` also lists the
 increment's Spark jobs with their seconds (from Spark's event log).
 
+`--cold` first runs the same three nights as a scheduler does: each its own `lakeshard
+run` process (Spark start-up, cold Python workers, the report on), timed as the whole
+command, with each stage's seconds (the run's events.jsonl), the time from the
+process's start to the first stage (imports, Spark start-up, checks) and from the last
+stage to the process's exit (report, ledger, summary), and beside them a bare Spark
+start-up (a process that only starts the session and runs one job); then the warm
+figures above, on a second copy of the same photos.
+
     .venv/bin/python bench/nightly.py               # 2,000 photos
     .venv/bin/python bench/nightly.py --n 200       # a quick look
+    .venv/bin/python bench/nightly.py --cold        # cold (one process a night), then warm
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -142,6 +152,67 @@ def _timed_run(cfg, events: Events, label: str) -> dict:
     }
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _spark_startup(conf: Path) -> float:
+    """Seconds for a fresh process to import lakeshard and start its Spark session."""
+    code = ("import sys, time; t = time.monotonic(); from etl.config import load_config; "
+            "from etl.session import get_spark; s = get_spark(load_config(sys.argv[1])); "
+            "s.range(1).count(); print(time.monotonic() - t)")
+    out = subprocess.run([sys.executable, "-c", code, str(conf)], check=True, cwd=REPO,
+                         capture_output=True, text=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def _cold_run(conf: Path, root: Path, run_id: str, label: str) -> dict:
+    """One night as a scheduler runs it: a fresh `lakeshard run` process."""
+    cmd = [str(REPO / ".venv" / "bin" / "lakeshard"), "--conf", str(conf), "run",
+           "--run-id", run_id, *(a for s in STAGES for a in ("--only", s))]
+    t0, began = time.monotonic(), time.time()
+    with open(root.parent / f"{run_id}.log", "wb") as log:
+        subprocess.run(cmd, check=True, stdout=log, stderr=log, cwd=REPO)
+    wall, ended = time.monotonic() - t0, time.time()
+    ev = [json.loads(line) for line in
+          (root / "reports" / run_id / "events.jsonl").read_text().splitlines()]
+    first = min(e["ts"] for e in ev if e["event"] == "stage_start")
+    last = max(e["ts"] for e in ev if e["event"] == "stage_end")
+    return {"label": label, "wall": wall,
+            "stages": {e["stage"]: e["seconds"] for e in ev if e["event"] == "stage_end"},
+            "before": first - began, "after": ended - last}
+
+
+def _cold(raw: dict, work: Path, n: int, added: int, seed: int, min_distance: int) -> None:
+    import yaml
+
+    photos = Photos(work / "photos", seed, min_distance)
+    photos.add(n)
+    raw = {**raw, "storage": {"root": str(work / "root")},
+           "sources": [{"name": "photos", "kind": "image_folder", "path": str(work / "photos")}],
+           "run": {**raw["run"], "report": True}}
+    conf = work / "conf.yaml"
+    conf.write_text(yaml.safe_dump(raw))
+    startup = _spark_startup(conf)
+    runs = [_cold_run(conf, work / "root", "cold-first", "first")]
+    runs.append(_cold_run(conf, work / "root", "cold-noop", "no-op rerun"))
+    photos.add(added)
+    runs.append(_cold_run(conf, work / "root", "cold-increment", f"+{added} photos"))
+    print(f"\nCOLD: each night its own `lakeshard run` process, report on; {os.cpu_count()} "
+          f"cores; load {os.getloadavg()[0]:.2f}")
+    print(f"Spark start-up in a fresh process (import + session + one job): {startup:.1f} s")
+    header = (f"{'run':<14} {'command s':>9} " + " ".join(f"{s + ' s':>9}" for s in STAGES)
+              + f" {'before 1st stage s':>18} {'after last stage s':>18}")
+    print(header + "\n" + "-" * len(header))
+    for r in runs:
+        print(f"{r['label']:<14} {r['wall']:>9.1f} "
+              + " ".join(f"{r['stages'].get(s, 0.0):>9.1f}" for s in STAGES)
+              + f" {r['before']:>18.1f} {r['after']:>18.1f}")
+    first = runs[0]["wall"]
+    print(f"no-op rerun / first run : {runs[1]['wall'] / first:.2f}   "
+          f"(no-op - Spark start-up: {runs[1]['wall'] - startup:.1f} s)")
+    print(f"increment   / first run : {runs[2]['wall'] / first:.2f}\n")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="photos in the first run")
@@ -152,6 +223,9 @@ def main() -> None:
                     help="export partitions = N / this (at least 2): a partition's size "
                          "stays put as N grows, as the scale plan sizes them")
     ap.add_argument("--work", default=None, help="folder for photos and tables (temp)")
+    ap.add_argument("--cold", action="store_true",
+                    help="first the three nights as a scheduler runs them: one `lakeshard "
+                         "run` process each, the report on; then the warm figures")
     ap.add_argument("--jobs", action="store_true",
                     help="also print the Spark jobs of the increment run (from Spark's "
                          "event log) with their seconds")
@@ -181,6 +255,10 @@ def main() -> None:
                                      "spark.eventLog.compress": "false",
                                      "spark.eventLog.rolling.enabled": "false"})
     cfg = check_config(parse_config(raw))
+    added = max(1, round(args.n * args.increment))
+    if args.cold:
+        _cold(raw, work / "cold", args.n, added, args.seed, 2 * cfg.dedup.threshold)
+        print("WARM: one process, one Spark session, as below")
 
     t0 = time.monotonic()
     photos = Photos(work / "photos", args.seed, 2 * cfg.dedup.threshold)
@@ -198,7 +276,6 @@ def main() -> None:
 
     runs = [_timed_run(cfg, events, "first")]
     runs.append(_timed_run(cfg, events, "no-op rerun"))
-    added = max(1, round(args.n * args.increment))
     photos.add(added)
     marker = int(time.time() * 1000)  # jobs submitted from here on: the increment's
     runs.append(_timed_run(cfg, events, f"+{added} photos"))
