@@ -188,8 +188,9 @@ def test_tar_members_bounded_and_never_followed(spark, tmp_path, outside):
         "good": ("ok", None), "bomb": ("rejected", "invalid_sidecar"),
         "deep": ("rejected", "invalid_sidecar"), "long": ("rejected", "caption_too_long"),
         "link": ("rejected", "symlink"), "hard": ("rejected", "symlink"),
-        "fifo": ("rejected", "not_a_file"), "b.tar#unreadable": ("rejected", "symlink"),
+        "fifo": ("rejected", "not_a_file"), "b.tar#unreadable": ("rejected", "unreadable_file"),
     }
+    assert json.loads(rows["b.tar#unreadable"].metadata_json)["detail"].startswith("symlink:")
     assert _image(rows["good"], src) == INSIDE and rows["good"].caption_original == "fine"
     assert rows["long"].caption_original is None
     _no_secret(rows, src)
@@ -238,7 +239,10 @@ def test_table_folder_with_special_files_and_a_huge_csv_caption(spark, tmp_path)
     rows = done["rows"]
     assert {k: _reason(r) for k, r in rows.items()} == {
         "ok": ("ok", None), "big": ("rejected", "caption_too_long"),
-        "b.csv#unreadable": ("rejected", "not_a_file")}
+        "b.csv#unreadable": ("rejected", "unreadable_file")}
+    # Not opened, and why; an unreadable file defers the source's removals.
+    assert json.loads(rows["b.csv#unreadable"].metadata_json)["detail"].startswith(
+        "not_a_file: a named pipe (FIFO)")
 
 
 def test_sidecar_captions_over_the_limit_are_one_reason_everywhere(spark, tmp_path):

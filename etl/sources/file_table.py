@@ -19,8 +19,10 @@ deeper than :data:`etl.sources.records.MAX_JSON_DEPTH`, or longer than
 `malformed_row`: that one record, the rows beside it are read. A relative reference is
 resolved against the table's folder and must stay inside it (`outside_source`; a link
 on the way is judged by the source's ``follow_symlinks``). A file found by listing a
-folder or a glob that is a link or a special file is rejected unopened
-(:mod:`etl.sources.listing`).
+folder or a glob that is a link or a special file is not opened: one `unreadable_file`
+reject whose detail says why (`symlink: …`, `not_a_file: …`; see
+:mod:`etl.sources.listing`), and, as for any unreadable file, the source removes
+nothing that run.
 """
 
 from __future__ import annotations
@@ -156,10 +158,13 @@ class TableSource(SourceAdapter):
             for batch in batches:
                 for unit in batch.to_pylist():
                     if unit["problem"] is not None:  # never opened
+                        # A file not read: its records are unknown, so (as for any
+                        # unreadable file) the source removes nothing this run.
                         name = unit["uri"].rsplit("/", 1)[-1]
                         yield pa.RecordBatch.from_pylist(
-                            [_reject(f"{name}#unreadable", unit["uri"], unit["problem"],
-                                     unit["problem_detail"])], schema=RAW_ARROW_SCHEMA)
+                            [_reject(f"{name}#unreadable", unit["uri"], "unreadable_file",
+                                     f"{unit['problem']}: {unit['problem_detail']}")],
+                            schema=RAW_ARROW_SCHEMA)
                         continue
                     for rows in _read_file(unit["uri"], unit["format"], mapping, limits):
                         if rows:

@@ -16,8 +16,10 @@ is never followed, and a key whose members include one is rejected (``symlink``)
 key with a device or FIFO member is (``not_a_file``). A ``.json`` member is parsed with
 bounded depth (``invalid_sidecar``), a ``.txt`` member over the caption limit is
 ``caption_too_long``, a ``.json`` member over :data:`SIDECAR_MAX_BYTES` is
-``invalid_sidecar``. A shard found by a glob or a folder listing follows the source's
-``follow_symlinks`` rule (:mod:`etl.sources.listing`).
+``invalid_sidecar``. A shard found by a glob or a folder listing that is a link the
+source does not follow, or a special file, is not opened: one ``unreadable_file``
+reject whose detail says why (:mod:`etl.sources.listing`); the source then removes
+nothing that run.
 """
 
 from __future__ import annotations
@@ -81,10 +83,11 @@ class WebDatasetSource(SourceAdapter):
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for unit in batch.to_pylist():
-                    if unit["problem"] is not None:  # never opened
+                    if unit["problem"] is not None:  # never opened: removes nothing
                         name = unit["uri"].rsplit("/", 1)[-1]
                         rows = [_reject(f"{name}#unreadable", unit["uri"], unit["fingerprint"],
-                                        unit["problem"], unit["problem_detail"])]
+                                        "unreadable_file",
+                                        f"{unit['problem']}: {unit['problem_detail']}")]
                     else:
                         rows = list_tar(unit["uri"], unit["size"], unit["fingerprint"],
                                         mapping, max_chars)
