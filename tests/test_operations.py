@@ -228,6 +228,21 @@ def test_wheel_contains_the_package_configs_and_entry_points(tmp_path):
         names = set(z.namelist())
         entry_points = next(z.read(n).decode() for n in names
                             if n.endswith(".dist-info/entry_points.txt"))
+        metadata = next(z.read(n).decode() for n in names
+                        if n.endswith(".dist-info/METADATA"))
+    # What a platform runtime brings is never a hard requirement: installing the wheel
+    # there leaves its pyspark, Delta and GPU stack alone (docs/operations.md).
+    assert "Requires-Python: <3.14,>=3.11" in metadata
+    hard = {re.split(r"[<>=!~ ;\[]", line.split(": ", 1)[1])[0].lower()
+            for line in metadata.splitlines()
+            if line.startswith("Requires-Dist: ") and "extra ==" not in line}
+    runtime = {"pyspark", "delta-spark", "torch", "torchvision", "transformers",
+               "sentence-transformers", "matplotlib", "duckdb", "scikit-image", "vllm"}
+    assert hard and not hard & runtime, hard & runtime
+    assert {"pylance", "mosaicml-streaming", "deltalake"} <= hard
+    assert {"pyspark", "delta-spark"} <= {
+        re.split(r"[<>=!~ ;\[]", line.split(": ", 1)[1])[0].lower()
+        for line in metadata.splitlines() if 'extra == "spark"' in line}
     assert {"conf/local.yaml", "conf/databricks.yaml", "conf/emr.yaml",
             "etl/entrypoints/run.py", "udfs/images.py"} <= names
     for script, target in _scripts().items():
