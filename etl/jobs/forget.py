@@ -44,23 +44,21 @@ from etl.errors import ConfigError
 from etl.lakehouse.maintenance import (
     PurgeResult,
     current_version,
-    remove_records,
+    mark_applied,
+    remove_taken_down,
     run_due_purges,
     table_versions,
 )
 from etl.runtime.faults import fault_point
 from etl.runtime.stage import RunContext, StageResult
-from etl.schema import REMOVED, TAKEDOWNS_SCHEMA, sample_id_of
+from etl.schema import TAKEDOWNS_SCHEMA, sample_id_of
 from etl.transforms.accounting import removal_rows
 from etl.transforms.bronze import (
-    TAKEN_DOWN,
     match_takedowns,
     matched_identifiers,
-    takedown_identifiers,
 )
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
 from etl.writers.delta import (
-    mark_takedowns_applied,
     merge_accounting,
     merge_dedup,
     record_takedowns,
@@ -395,14 +393,7 @@ def forget(spark: SparkSession, cfg: Config, run_id: str, request: TakedownReque
     removal = None
     before = current_version(paths.curated) if curated is not None else None
     if manifest is not None:
-        ids = takedown_identifiers(pending).where("kind = 'sample_id'").select(
-            F.col("value").alias("sample_id"))
-        named = manifest.join(ids, "sample_id", "left_semi").where(
-            (F.col("status") != REMOVED) | (F.col("reason") != TAKEN_DOWN))
-        removal = remove_records(
-            spark, cfg, named.select("sample_id", "source", "status",
-                                     F.lit(TAKEN_DOWN).alias("reason")),
-            run_id=run_id, now=now, retention_hours=cfg.lakehouse.takedown_retention_hours)
+        removal = remove_taken_down(spark, cfg, manifest, pending, run_id=run_id, now=now)
         if removal.counts:
             merge_accounting(spark, removal_rows(spark, removal.counts, run_id=run_id,
                                                  run_at=now), paths.accounting)
@@ -420,10 +411,7 @@ def forget(spark: SparkSession, cfg: Config, run_id: str, request: TakedownReque
         dedup_changed = _rededup(spark, cfg, run_id)
 
     sc.setJobDescription("lakeshard forget: mark the request applied")
-    mark_takedowns_applied(  # no purge: no curated row held the bytes
-        spark, paths.takedowns, now=now, purge_version=purge.version if purge else None,
-        purge_after=purge.due if purge else None, purged=purge is None or purge.done,
-        oldest_version=oldest)
+    mark_applied(spark, paths.takedowns, removal, now=now, oldest_version=oldest)
 
     removed_ids = {sid for sid, _ in matched}
     thumbs = _scrub_reports(cfg, removed_ids) if removed_ids else 0

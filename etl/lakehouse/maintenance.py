@@ -33,7 +33,8 @@ from etl import tables
 from etl.config import Config, LakehouseConfig
 from etl.schema import REMOVED
 from etl.transforms.accounting import removal_counts
-from etl.writers.delta import delete_rejects, mark_removed
+from etl.transforms.bronze import taken_down_records
+from etl.writers.delta import delete_rejects, mark_removed, mark_takedowns_applied
 from etl.writers.lance import delete_rows, deleted_per_fragment
 
 __all__ = [
@@ -48,6 +49,8 @@ __all__ = [
     "materialize_deletions",
     "purge_removed",
     "run_due_purges",
+    "remove_taken_down",
+    "mark_applied",
     "pending_purges",
     "RemovalResult",
     "remove_records",
@@ -317,3 +320,23 @@ def remove_records(spark: SparkSession, cfg: Config, removed: DataFrame, *, run_
     log.info("removed %d record(s) (%d curated rows, fragments %s)",
              sum(c["count"] for c in counts), deleted, list(fragments))
     return RemovalResult(counts, deleted, fragments, version, purge)
+
+
+def remove_taken_down(spark: SparkSession, cfg: Config, manifest: DataFrame,
+                      pending: DataFrame, *, run_id: str, now: datetime) -> RemovalResult:
+    """The records pending takedown rows name out of every table (curate finishing what
+    a dead `forget` left, and `forget` itself): :func:`remove_records` with the
+    takedowns' retention."""
+    return remove_records(spark, cfg, taken_down_records(manifest, pending), run_id=run_id,
+                          now=now, retention_hours=cfg.lakehouse.takedown_retention_hours)
+
+
+def mark_applied(spark: SparkSession, path: str, removal: RemovalResult | None, *,
+                 now: datetime, oldest_version: int | None = None) -> None:
+    """Every pending takedown request applied, with when its bytes are (or will be)
+    gone: `removal`'s purge, or now when no curated row held them."""
+    purge = removal.purge if removal is not None else None
+    mark_takedowns_applied(spark, path, now=now,
+                           purge_version=purge.version if purge else None,
+                           purge_after=purge.due if purge else None,
+                           purged=purge is None or purge.done, oldest_version=oldest_version)

@@ -33,7 +33,6 @@ __all__ = [
     "merge_rejects",
     "merge_manifest",
     "merge_accounting",
-    "read_delta",
     "delete_rejects",
     "mark_removed",
     "merge_dedup",
@@ -60,15 +59,6 @@ def _ensure(spark: SparkSession, path: str, schema: StructType) -> None:
     if missing:
         cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({cols})")
-
-
-def read_delta(spark: SparkSession, path: str) -> DataFrame | None:
-    """The Delta table at `path`, or None if there is none yet."""
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, path):
-        return None
-    return spark.read.format("delta").load(path)
 
 
 def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str) -> None:
