@@ -76,7 +76,7 @@ def _curate(spark, cfg, run_id):
     return {c.source: c for c in curate(spark, cfg, run_id).counts}
 
 
-def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path):
+def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path, monkeypatch):
     with Server() as server:
         _build(tmp_path, server)
         spark.createDataFrame([("d1", _img(9), "delta 1"), ("d2", _img(10), "delta 2")],
@@ -111,8 +111,17 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path):
         old_fragments = {f.fragment_id for f in curated.get_fragments()}
         hits = dict(server.hits)
 
-        # Second run, nothing changed: no record processed, no fetch, no new version.
-        counts = _curate(spark, cfg, "r2")
+        # Second run, nothing changed: no record processed, no fetch, no new version --
+        # and neither the fetch nor the prepare step is built (no job, no Python worker).
+        import etl.jobs.curate as curate_job
+
+        def not_on_a_no_op(*_a, **_k):
+            raise AssertionError("a night with nothing new fetched or prepared")
+
+        with monkeypatch.context() as m:
+            m.setattr(curate_job, "fetch_images", not_on_a_no_op)
+            m.setattr(curate_job, "prepare_images", not_on_a_no_op)
+            counts = _curate(spark, cfg, "r2")
         for c in counts.values():
             assert (c.seen, c.accepted, c.rejected, c.unchanged) == (0, 0, 0, 2), c
         assert server.hits == hits

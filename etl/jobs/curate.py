@@ -38,7 +38,9 @@ from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.lakehouse.maintenance import (
     PurgeResult,
     RemovalResult,
+    mark_applied,
     remove_records,
+    remove_taken_down,
     run_due_purges,
 )
 from etl.runtime.faults import fault_point
@@ -57,11 +59,11 @@ from etl.transforms.bronze import (
     refuse_taken_down,
     removed_records,
     takedown_identifiers,
-    taken_down_records,
     unchanged_containers,
 )
 from etl.transforms.fetch import fetch_images
 from etl.transforms.prepare import (
+    OUTCOME_SCHEMA,
     accepted_rows,
     failure_examples,
     outcome_counts,
@@ -69,7 +71,6 @@ from etl.transforms.prepare import (
     rejected_rows,
 )
 from etl.writers.delta import (
-    mark_takedowns_applied,
     merge_accounting,
     merge_manifest,
     merge_rejects,
@@ -200,14 +201,8 @@ def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: dateti
     pending = takedowns.where(F.col("applied_at").isNull())
     if pending.isEmpty():
         return None
-    result = remove_records(
-        spark, cfg, taken_down_records(manifest, pending),
-        run_id=run_id, now=now, retention_hours=cfg.lakehouse.takedown_retention_hours)
-    purge = result.purge
-    mark_takedowns_applied(spark, paths.takedowns, now=now,
-                           purge_version=purge.version if purge else None,
-                           purge_after=purge.due if purge else None,
-                           purged=purge is None or purge.done)
+    result = remove_taken_down(spark, cfg, manifest, pending, run_id=run_id, now=now)
+    mark_applied(spark, paths.takedowns, result, now=now)
     log.warning("curate: finished %d takedown record(s) a forget had left unapplied",
                 result.total)
     return result
@@ -359,10 +354,15 @@ def _find_removed(spark: SparkSession, cfg: Config, diff: _Diff) -> _Removals:
 @dataclass
 class _Prepared:
     """Step "fetch and prepare": every record processed this run, with its outcome."""
-    rows: DataFrame  # prepared rows, image bytes dropped (persisted)
+    rows: DataFrame | None  # prepared rows, image bytes dropped (persisted); None: none
     outcome: DataFrame  # outcome_counts(rows) (persisted)
     outcome_rows: list  # the same, collected
     examples: tuple[str, ...]  # a few failed records, for the failure budgets' messages
+
+    @classmethod
+    def nothing(cls, spark: SparkSession) -> _Prepared:
+        """No record to process: no fetch, no prepare, no Python worker started."""
+        return cls(None, spark.createDataFrame([], OUTCOME_SCHEMA), [], ())
 
     @property
     def processed(self) -> int:
@@ -373,8 +373,12 @@ class _Prepared:
         return sum(r["count"] for r in self.outcome_rows if r["status"] == "ok")
 
 
-def _fetch_and_prepare(cfg: Config, diff: _Diff) -> _Prepared:
+def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
+                       diff: _Diff) -> _Prepared:
     """Refuse what a takedown names, fetch referenced images, prepare them."""
+    if diff.manifest is not None and tables.lance_exists(paths.curated) and all(
+            st["n"] == st["unchanged"] for st in diff.stats.values()):
+        return _Prepared.nothing(spark)  # a night with nothing new
     refused = diff.refused
     todo = mark_duplicate_keys(diff.listed.where(~F.col("unchanged")))
     if refused is not None:
@@ -413,6 +417,8 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
                    run_id: str, now: datetime) -> int:
     """Append the accepted rows to Lance `curated`, first deleting the rows of records
     being rewritten; the number of rows replaced."""
+    if prep.rows is None:
+        return 0
     accepted = accepted_rows(prep.rows, run_id=run_id, ingested_at=F.lit(now))
     upstream = prep.rows.where(F.col("status") == "ok").select("sample_id", *UPSTREAM_COLUMNS)
     accepted = accepted.join(upstream, "sample_id").select(*accepted.columns, *UPSTREAM_COLUMNS)
@@ -511,7 +517,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         diff = _diff_sources(spark, cfg, paths)
         removals = _find_removed(spark, cfg, diff)
     with _job(spark, "fetch + prepare new records"):
-        prep = _fetch_and_prepare(cfg, diff)
+        prep = _fetch_and_prepare(spark, cfg, paths, diff)
     fault_point("curate:prepared")
     with _job(spark, "append to Lance curated"):
         _write_curated(spark, cfg, paths, prep, run_id, now)
@@ -523,7 +529,8 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
                                     run_id, now)
         _purge_due(spark, cfg, paths, now)
     for df in (prep.outcome, prep.rows, diff.listed):
-        df.unpersist()
+        if df is not None:
+            df.unpersist()
     ds = _closing_check(spark, cfg, paths)
     _remember_versions(cfg, diff, removals)
     purge = next((r.purge for r in (gone, pending) if r is not None and r.purge), None)

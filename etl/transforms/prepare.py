@@ -13,7 +13,7 @@ from udfs.images import PREPARED_TYPE, prepare_udf
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["prepare_images", "accepted_rows", "rejected_rows", "outcome_counts",
-           "failure_examples"]
+           "OUTCOME_SCHEMA", "failure_examples"]
 
 
 def prepare_images(ingested: DataFrame, opts: PrepareConfig) -> DataFrame:
@@ -64,6 +64,12 @@ def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
         "detail",
         F.lit(run_id).alias("run_id"),
     ).select(*REJECTS_SCHEMA.fieldNames())
+
+
+# The schema of :func:`outcome_counts`: a run that processes nothing builds an empty frame
+# of it (no Spark job), and the accounting reads it like any other.
+OUTCOME_SCHEMA = ("source string, stage string, status string, reason string, "
+                  "filter_reason string, count bigint, example struct<key:string,detail:string>")
 
 
 def outcome_counts(prepared: DataFrame) -> DataFrame:
