@@ -125,7 +125,7 @@ def test_a_fetch_bug_is_internal_error_not_a_bad_reference(tmp_path, monkeypatch
     path.write_bytes(png_bytes())
     assert fetch.fetch_ref(str(path)).status == "ok"
 
-    def broken(path, opts, rng):
+    def broken(path, opts, rng, rules):
         return {}["no such key"]  # a bug in the fetch code itself
 
     monkeypatch.setattr(fetch, "_local", broken)
@@ -144,12 +144,13 @@ def test_a_fetch_bug_reading_a_sidecar_is_internal_error_not_a_bad_sidecar(tmp_p
 
     (tmp_path / "a.txt").write_text("a cat on a mat\n")
     (tmp_path / "a.json").write_text(json.dumps({"license": "cc-by"}))
-    parse = _sidecar_udf({"caption": "caption", "license": "license"}).func
+    parse = _sidecar_udf({"caption": "caption", "license": "license"},
+                         max_caption_chars=65536, follow_symlinks=False).func
     out = parse(str(tmp_path / "a.txt"), str(tmp_path / "a.json"))
     assert (out["read_status"], out["read_reason"], out["caption_original"],
             out["license"]) == ("ok", None, "a cat on a mat", "cc-by")
 
-    def broken(path, opts, rng):
+    def broken(path, opts, rng, rules):
         raise TypeError("a bug in the fetch code")
 
     monkeypatch.setattr(fetch, "_local", broken)
