@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,27 @@ def jpeg_bytes(size=(64, 48), color=(200, 30, 30), **save_kw) -> bytes:
     buf = io.BytesIO()
     Image.new("RGB", size, color).save(buf, format="JPEG", **save_kw)
     return buf.getvalue()
+
+
+def tar_bytes(members) -> bytes:
+    """A tar of ``(name, data)`` members; `data` may be ``(type, linkname)`` for a link or
+    special member (``tarfile.SYMTYPE``, ``tarfile.FIFOTYPE``, ...)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(data, tuple):
+                info.type, info.linkname = data
+                tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def write_tar(path, members) -> None:
+    """:func:`tar_bytes` written to `path`."""
+    Path(path).write_bytes(tar_bytes(members))
 
 
 def png_bytes(size=(40, 30), mode="RGB", color=(10, 200, 10)) -> bytes:

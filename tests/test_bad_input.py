@@ -3,30 +3,18 @@ seen = accepted + rejected per source, and the job finishes."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import jpeg_bytes, make_config, png_bytes
+from conftest import jpeg_bytes, make_config, png_bytes, tar_bytes
 from httpserver import Server
 
 from etl.jobs.curate import curate
 from etl.pipeline.preflight import check_sources
 
 pytestmark = pytest.mark.slow
-
-
-def _tar_bytes(members):
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def _corrupt_row_group(path, rg_index):
@@ -61,9 +49,9 @@ def test_bad_records_are_counted_and_rejected_with_reasons(spark, tmp_path):
     # the file, a file that is not a tar, an empty tar.
     shards = tmp_path / "shards"
     shards.mkdir()
-    (shards / "a.tar").write_bytes(_tar_bytes([("g.jpg", img), ("g.txt", b"good"),
+    (shards / "a.tar").write_bytes(tar_bytes([("g.jpg", img), ("g.txt", b"good"),
                                                ("lonely.txt", b"caption only")]))
-    cut = _tar_bytes([("c.txt", b"cut"), ("c.jpg", img + b"\0" * 4000)])
+    cut = tar_bytes([("c.txt", b"cut"), ("c.jpg", img + b"\0" * 4000)])
     (shards / "b.tar").write_bytes(cut[:3000])  # c.jpg's data starts at byte 1536
     (shards / "c.tar").write_bytes(b"this is not a tar archive at all" * 40)
     (shards / "d.tar").write_bytes(b"")

@@ -7,15 +7,13 @@ run `ok`, with the failure recorded."""
 from __future__ import annotations
 
 import html
-import io
 import json
 import os
 import re
-import tarfile
 
 import pytest
 import yaml
-from conftest import JARS_DIR, files_holding, jpeg_bytes, make_config
+from conftest import JARS_DIR, files_holding, jpeg_bytes, make_config, tar_bytes
 
 from etl import tables
 from etl.ledger import recent_runs_local
@@ -24,16 +22,6 @@ pytestmark = pytest.mark.slow
 
 SECRET = b"SECRET-OUTSIDE-THE-ROOT root:x:0:0"
 MATH = ["Earn $100 #1 tip $5", "Only $9.99 ^_^ sale $20", "<b>bold</b> & $x^2$ \\frac{1}{0}"]
-
-
-def _tar(members) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def _sources(tmp_path):
@@ -72,7 +60,7 @@ def _sources(tmp_path):
 
     shards = tmp_path / "shards"
     shards.mkdir()
-    (shards / "a.tar").write_bytes(_tar([
+    (shards / "a.tar").write_bytes(tar_bytes([
         ("good.jpg", jpeg_bytes(size=(96, 96), color=(9, 99, 99))), ("good.txt", b"tar ok"),
         ("bomb.jpg", jpeg_bytes(size=(96, 96))), ("bomb.json", b"[" * 200_000)]))
     return [

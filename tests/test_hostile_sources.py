@@ -5,14 +5,13 @@ its bytes must come out of no row."""
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import tarfile
 import threading
 
 import pytest
-from conftest import jpeg_bytes, png_bytes
+from conftest import jpeg_bytes, png_bytes, tar_bytes
 
 from etl.config import SourceConfig
 from etl.sources import adapter_for, finish_ingest
@@ -154,24 +153,10 @@ def test_a_file_swapped_for_a_link_after_listing_is_not_followed(tmp_path, outsi
     assert (res.status, res.data) == ("not_a_file", None)
 
 
-def _tar(members) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            if isinstance(data, tuple):  # (type, linkname)
-                info.type, info.linkname = data
-                tf.addfile(info)
-            else:
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
 def test_tar_members_bounded_and_never_followed(spark, tmp_path, outside):
     shards = tmp_path / "shards"
     shards.mkdir()
-    (shards / "a.tar").write_bytes(_tar([
+    (shards / "a.tar").write_bytes(tar_bytes([
         ("good.jpg", INSIDE), ("good.txt", b"fine"),
         ("bomb.jpg", INSIDE), ("bomb.json", b"[" * 200_000),
         ("deep.jpg", INSIDE), ("deep.json", b'{"caption": ' + b"[" * 900 + b"]" * 900 + b"}"),

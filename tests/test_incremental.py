@@ -3,15 +3,13 @@ records ingest exactly those three; accounting balances on a source of bad recor
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 
 import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import jpeg_bytes, make_config, png_bytes
+from conftest import jpeg_bytes, make_config, png_bytes, write_tar
 from httpserver import Server
 
 from etl import tables
@@ -19,14 +17,6 @@ from etl.jobs.curate import curate
 from etl.pipeline.preflight import check_sources
 
 pytestmark = pytest.mark.slow
-
-
-def _tar(path, members):
-    with tarfile.open(path, "w") as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
 
 
 def _img(i):
@@ -42,7 +32,7 @@ def _build(root, server):
     (folder / "sub" / "b.json").write_text(json.dumps({"caption": "folder b", "nsfw": "UNLIKELY",
                                                          "aesthetic": 6.1}))
     (root / "shards").mkdir()
-    _tar(root / "shards" / "000.tar", [("k1.jpg", _img(2)), ("k1.txt", b"tar one"),
+    write_tar(root / "shards" / "000.tar", [("k1.jpg", _img(2)), ("k1.txt", b"tar one"),
                                        ("k2.png", png_bytes(size=(70, 80))),
                                        ("k2.json", b'{"caption": "tar two", "q": 0.3}')])
     server.files.update({"u1.jpg": _img(3), "u2.jpg": _img(4)})
@@ -133,7 +123,7 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path, monkeypa
         with open(tmp_path / "urls.jsonl", "a") as f:
             f.write(json.dumps({"id": "u3", "url": f"{server.url}/img/u3.jpg",
                                 "text": "url u3"}) + "\n")
-        _tar(tmp_path / "shards" / "001.tar", [("k3.jpg", _img(13)), ("k3.txt", b"tar three")])
+        write_tar(tmp_path / "shards" / "001.tar", [("k3.jpg", _img(13)), ("k3.txt", b"tar three")])
         counts = _curate(spark, cfg, "r3")
         assert {n: (c.seen, c.accepted) for n, c in counts.items()} == {
             "folder": (1, 1), "tars": (1, 1), "urls": (1, 1), "emb": (0, 0), "dl": (0, 0),

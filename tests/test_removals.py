@@ -8,14 +8,13 @@ from __future__ import annotations
 import io
 import json
 import os
-import tarfile
 from datetime import datetime, timedelta
 
 import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import files_holding, make_config
+from conftest import files_holding, make_config, write_tar
 
 from etl import tables
 from etl.schema import MANIFEST_SCHEMA, SOURCE_SCHEMA, sample_id_of
@@ -358,14 +357,6 @@ def test_with_a_retention_the_old_versions_go_when_it_has_passed(tmp_path):
 # ------------------------------------------------------------------------ end to end
 
 
-def _tar(path, members):
-    with tarfile.open(path, "w") as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-
-
 def _img(i):
     """A small JPEG of seeded noise: every i its own picture (and dHash)."""
     import random
@@ -398,9 +389,9 @@ def test_records_that_leave_their_sources_leave_every_table_and_the_next_export(
     for i in (0, 5):
         (inp / "archive" / f"a{i}.jpg").write_bytes(_img(i))
     (inp / "shards").mkdir()
-    _tar(inp / "shards" / "0.tar", [("k1.jpg", _img(6)), ("k2.jpg", _img(7))])
-    _tar(inp / "shards" / "1.tar", [("k3.jpg", _img(8))])
-    _tar(inp / "shards" / "2.tar", [("k4.jpg", _img(9))])
+    write_tar(inp / "shards" / "0.tar", [("k1.jpg", _img(6)), ("k2.jpg", _img(7))])
+    write_tar(inp / "shards" / "1.tar", [("k3.jpg", _img(8))])
+    write_tar(inp / "shards" / "2.tar", [("k4.jpg", _img(9))])
     pq.write_table(pa.table({"id": ["q1", "q2", "q3"], "jpg": [_img(10), _img(11), _img(12)]}),
                    inp / "rows.parquet")
     dl = str(inp / "dl")
@@ -442,7 +433,7 @@ def test_records_that_leave_their_sources_leave_every_table_and_the_next_export(
         (inp / "photos" / name).unlink()
     (inp / "archive" / "a5.jpg").unlink()  # on_removed: keep
     (inp / "shards" / "1.tar").unlink()  # a shard gone
-    _tar(inp / "shards" / "0.tar", [("k1.jpg", _img(6))])  # a shard rewritten without k2
+    write_tar(inp / "shards" / "0.tar", [("k1.jpg", _img(6))])  # a shard rewritten without k2
     pq.write_table(pa.table({"id": ["q1", "q3"], "jpg": [_img(10), _img(12)]}),
                    inp / "rows.parquet")
     spark.sql(f"DELETE FROM delta.`{dl}` WHERE key = 'd2'")

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from conftest import jpeg_bytes, make_config, png_bytes
+from conftest import jpeg_bytes, make_config, png_bytes, write_tar
 
 from etl.config import ConfigError, SourceConfig
 from etl.schema import SOURCE_COLUMNS
@@ -66,19 +64,11 @@ def test_image_folder_missing_path_fails_before_spark(tmp_path):
         adapter_for(src.kind).check_inputs(src)
 
 
-def _tar(path, members):
-    with tarfile.open(path, "w") as tf:
-        for name, data in members:
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tf.addfile(info, io.BytesIO(data))
-
-
 def test_webdataset_groups_members_by_key_over_brace_patterns(spark, tmp_path):
-    _tar(tmp_path / "s-00.tar", [("x/001.jpg", jpeg_bytes()), ("x/001.txt", b"first"),
+    write_tar(tmp_path / "s-00.tar", [("x/001.jpg", jpeg_bytes()), ("x/001.txt", b"first"),
                                  ("002.png", png_bytes()), ("002.json", b'{"caption": "2nd"}')])
-    _tar(tmp_path / "s-01.tar", [("003.webp", b"RIFF"), ("003.cls", b"7")])
-    _tar(tmp_path / "s-02.tar", [("004.jpg", b"not in the pattern")])
+    write_tar(tmp_path / "s-01.tar", [("003.webp", b"RIFF"), ("003.cls", b"7")])
+    write_tar(tmp_path / "s-02.tar", [("004.jpg", b"not in the pattern")])
     src = SourceConfig(name="w", kind="webdataset", path=str(tmp_path / "s-{00..01}.tar"))
     rows = _read(spark, src)
     assert set(rows) == {"x/001", "002", "003"}
