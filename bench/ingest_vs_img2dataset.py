@@ -49,7 +49,7 @@ BENCH_VENV = REPO / ".bench" / "img2dataset"
 IMG2DATASET = "img2dataset==1.47.0"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nightly import _sources  # noqa: E402 -- the bundled photos, as the nightly bench uses
+from nightly import _sources, random_crop  # noqa: E402 -- the nightly bench's photos
 
 
 def make_photos(folder: Path, n: int, megapixels: tuple[float, float], seed: int) -> int:
@@ -61,19 +61,11 @@ def make_photos(folder: Path, n: int, megapixels: tuple[float, float], seed: int
     folder.mkdir(parents=True, exist_ok=True)
     total = 0
     for i in range(n):
-        src = sources[rng.integers(len(sources))]
-        h, w = src.shape[:2]
-        ch, cw = int(h * rng.uniform(0.4, 0.9)), int(w * rng.uniform(0.4, 0.9))
-        y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
-        crop = src[y:y + ch, x:x + cw].astype(np.float32)
-        if rng.random() < 0.5:
-            crop = crop[:, ::-1]
-        crop += rng.normal(0, 4, crop.shape)
-        mp = rng.uniform(*megapixels) * 1e6
-        scale = (mp / (cw * ch)) ** 0.5
+        crop = random_crop(sources, rng, (0.4, 0.9), noise=4)
+        ch, cw = crop.shape[:2]
+        scale = (rng.uniform(*megapixels) * 1e6 / (cw * ch)) ** 0.5
         size = (max(1, round(cw * scale)), max(1, round(ch * scale)))
-        img = Image.fromarray(np.clip(crop, 0, 255).astype(np.uint8)).resize(
-            size, Image.Resampling.BICUBIC)
+        img = Image.fromarray(crop).resize(size, Image.Resampling.BICUBIC)
         path = folder / f"p{i:06d}.jpg"
         img.save(path, quality=90)
         total += path.stat().st_size

@@ -66,6 +66,21 @@ def _sources() -> list[np.ndarray]:
     return out
 
 
+def random_crop(sources: list[np.ndarray], rng, fraction: tuple[float, float],
+                noise: float) -> np.ndarray:
+    """A random crop of one of `sources` (each side `fraction` of the photo's), flipped
+    at random, with Gaussian noise: uint8 RGB."""
+    src = sources[rng.integers(len(sources))]
+    h, w = src.shape[:2]
+    ch, cw = int(h * rng.uniform(*fraction)), int(w * rng.uniform(*fraction))
+    y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
+    crop = src[y:y + ch, x:x + cw].astype(np.float32)
+    if rng.random() < 0.5:
+        crop = crop[:, ::-1]
+    crop += rng.normal(0, noise, crop.shape)
+    return np.clip(crop, 0, 255).astype(np.uint8)
+
+
 def _dhash(img) -> int:
     """64-bit difference hash of a PIL image (9x8 grayscale, left > right)."""
     from PIL import Image
@@ -92,16 +107,9 @@ class Photos:
         from PIL import Image
 
         rng = self.rng
-        src = self.sources[rng.integers(len(self.sources))]
-        h, w = src.shape[:2]
-        ch, cw = int(h * rng.uniform(0.3, 0.7)), int(w * rng.uniform(0.3, 0.7))
-        y, x = rng.integers(0, h - ch + 1), rng.integers(0, w - cw + 1)
-        crop = src[y:y + ch, x:x + cw].astype(np.float32)
-        if rng.random() < 0.5:
-            crop = crop[:, ::-1]
-        crop += rng.normal(0, 6, crop.shape)
+        crop = random_crop(self.sources, rng, (0.3, 0.7), noise=6)
         out = (int(rng.integers(256, 385)), int(rng.integers(256, 385)))
-        return Image.fromarray(np.clip(crop, 0, 255).astype(np.uint8)).resize(out)
+        return Image.fromarray(crop).resize(out)
 
     def add(self, k: int) -> None:
         added = 0
