@@ -16,9 +16,12 @@ MiB, so a batch of large images stays small). The stage is timed with
 `prepare.threads` 1 and 2 (the default: two images of a batch at a time, since Pillow
 releases the GIL). Every side runs once per round, alternating, best of ROUNDS kept:
 drift on a noisy machine hits all sides alike. Inputs are realistic: photos bundled
-with scikit-image resized to 0.3-12 MP, mostly JPEG (q90), some PNG and WebP. Run:
+with scikit-image resized to 0.3-12 MP (the `large` set, 60 images) or 0.2-0.8 MP (the
+`small` set, 400 images: web-sized, where per-image overhead shows), mostly JPEG (q90),
+some PNG and WebP. Run:
 
-    .venv/bin/python bench/prepare_throughput.py [--images 60] [--cores 2] [--threads 1 2]
+    .venv/bin/python bench/prepare_throughput.py [--sets large small] [--images N]
+                                                 [--cores 2] [--threads 1 2]
 """
 
 from __future__ import annotations
@@ -39,10 +42,14 @@ sys.path.insert(0, str(REPO))
 PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg",
           "hubble_deep_field.jpg", "retina.jpg", "motorcycle_left.png"]
 MEGAPIXELS = [0.3, 0.5, 1, 2, 4, 8, 12]
+# Web-sized images (LAION-style URL lists are mostly well under 1 MP): per-image overhead,
+# not decoding, is what this set shows.
+SMALL_MEGAPIXELS = [0.2, 0.3, 0.4, 0.5, 0.6, 0.8]
+SETS = {"large": (MEGAPIXELS, 60), "small": (SMALL_MEGAPIXELS, 400)}  # sizes, default n
 ROUNDS = 3  # best of, alternating sides: this machine is noisy
 
 
-def make_images(n: int) -> list[bytes]:
+def make_images(n: int, megapixels: list[float] = MEGAPIXELS) -> list[bytes]:
     from PIL import Image
 
     out = []
@@ -50,7 +57,7 @@ def make_images(n: int) -> list[bytes]:
         name = PHOTOS[i % len(PHOTOS)]
         src = Image.open(io.BytesIO(resources.files("skimage").joinpath("data", name).read_bytes()))
         src = src.convert("RGB")
-        mp = MEGAPIXELS[(i * 3) % len(MEGAPIXELS)]
+        mp = megapixels[(i * 3) % len(megapixels)]
         scale = (mp * 1e6 / (src.width * src.height)) ** 0.5
         im = src.resize((int(src.width * scale), int(src.height * scale)), Image.Resampling.BICUBIC)
         fmt = "PNG" if i % 10 == 3 else "WEBP" if i % 10 == 7 else "JPEG"
@@ -141,20 +148,14 @@ class Sides:
         self.spark.stop()
 
 
-def main() -> None:
-    from etl.config import PrepareConfig
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--images", type=int, default=60)
-    parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
-                        help="prepare.threads values to time the stage with (2 = default)")
-    parser.add_argument("--rounds", type=int, default=ROUNDS)
-    args = parser.parse_args()
-    images = make_images(args.images)
-    mb = sum(map(len, images)) / 1e6
+def run_set(name: str, args) -> None:
     from PIL import Image
 
+    from etl.config import PrepareConfig
+
+    megapixels, default_n = SETS[name]
+    images = make_images(args.images or default_n, megapixels)
+    mb = sum(map(len, images)) / 1e6
     pixels = sum(w * h for w, h in (Image.open(io.BytesIO(b)).size for b in images))
     with tempfile.TemporaryDirectory() as workdir:
         sides = Sides(images, args.cores, workdir, args.threads)
@@ -165,8 +166,9 @@ def main() -> None:
                 best[side] = min(best[side], sides.time(side))
         partitions = sides.partitions
         sides.close()
-    print(f"{len(images)} images, {mb:.1f} MB encoded, {pixels / 1e6:.0f} MP, "
-          f"cores={args.cores}, {partitions} Spark tasks, best of {args.rounds} alternating")
+    print(f"\n{name} set: {len(images)} images ({min(megapixels)}-{max(megapixels)} MP), "
+          f"{mb:.1f} MB encoded, {pixels / 1e6:.0f} MP, cores={args.cores}, {partitions} "
+          f"Spark tasks, best of {args.rounds} alternating")
     mp = pixels / 1e6
     n = len(images)
     t_bare = best["bare"]
@@ -179,7 +181,22 @@ def main() -> None:
     default = PrepareConfig().threads
     if default in best:
         print(f"ratio stage/bare = {t_bare / best[default]:.2f} at the default "
-              f"prepare.threads={default} (target >= 0.8)")
+              f"prepare.threads={default} ({name} set)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--sets", nargs="+", choices=sorted(SETS), default=["large"],
+                        help="image sets to time, one after the other")
+    parser.add_argument("--images", type=int, default=None,
+                        help="images per set (default: 60 large, 400 small)")
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                        help="prepare.threads values to time the stage with (2 = default)")
+    parser.add_argument("--rounds", type=int, default=ROUNDS)
+    args = parser.parse_args()
+    for name in args.sets:
+        run_set(name, args)
 
 
 if __name__ == "__main__":
