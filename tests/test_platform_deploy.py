@@ -410,3 +410,57 @@ def test_budget_breach_exits_4_and_a_crashed_stage_exits_1(tmp_path):
     res = _wheel_task("--conf", str(_conf(crash)), "--only", "curate")
     assert res.returncode == 1, res.stderr[-3000:]
     assert "curate: FAILED" in res.stdout + res.stderr or "Traceback" in res.stderr
+
+
+# ------------------------------------------------------------------ versions, extras
+
+
+@pytest.mark.parametrize(("version", "message"), [
+    ("4.0.0", None), ("4.0.2", None), ("4.1.4", None), ("4.1.0.dev1", None),
+    ("3.5.3", "the Python data source API"), ("4.2.0", "supported: 4.0.x, 4.1.x"),
+    ("5.0.0", "supported: 4.0.x, 4.1.x"), ("four", "unrecognised Spark version"),
+])
+def test_unsupported_spark_is_refused_naming_what_is_missing(version, message):
+    from etl.errors import JarsMissingError, UnsupportedSparkError
+    from etl.session import check_spark_version
+
+    if message is None:
+        check_spark_version(version)
+        return
+    with pytest.raises(UnsupportedSparkError, match=re.escape(message)) as err:
+        check_spark_version(version)
+    assert isinstance(err.value, JarsMissingError)  # the CLI's exit status 2
+
+
+def test_a_missing_optional_module_names_its_extra():
+    from etl.errors import MissingExtraError, require
+
+    with pytest.raises(MissingExtraError,
+                       match=re.escape("pip install 'lakeshard[search]'")):
+        require("lakeshard_no_such_module", "search", "semantic search")
+    assert require("json", "search", "x") is json
+
+
+def test_udf_result_types_are_nullable_throughout_and_the_declared_ones_unchanged():
+    from pyspark.sql import types as T
+
+    from udfs.arrow_types import nullable_type
+    from udfs.fetch import FETCH_TYPE
+    from udfs.images import PREPARED_TYPE
+
+    def non_null(t) -> list[str]:
+        if isinstance(t, T.StructType):
+            return [f.name for f in t.fields if not f.nullable] + [
+                n for f in t.fields for n in non_null(f.dataType)]
+        if isinstance(t, T.ArrayType):
+            return ([] if t.containsNull else ["<element>"]) + non_null(t.elementType)
+        return []
+
+    for declared in (FETCH_TYPE, PREPARED_TYPE):
+        before = declared.json()
+        relaxed = nullable_type(declared)
+        assert non_null(declared) and non_null(relaxed) == []
+        assert [f.name for f in relaxed.fields] == declared.names
+        assert [f.dataType.typeName() for f in relaxed.fields] == [
+            f.dataType.typeName() for f in declared.fields]
+        assert declared.json() == before
