@@ -17,6 +17,8 @@ What stands in for what, and what differs (said, not hidden):
 * The caption task/step runs on CPU: the stand-in config's caption version is the tiny
   randomly initialised model of conf/local.yaml, and the caption step's GPU resource
   settings (which a machine without a GPU cannot honour) are left out.
+* Disk: each cell's venv (~10 GB, torch's CUDA wheels) is removed when the cell ends;
+  a run needs ~12 GB free at a time.
 * The sample sources are built beforehand by the test venv (they need scikit-image,
   the `samples` extra, which a platform does not install).
 """
@@ -68,6 +70,14 @@ def _run(cmd: list[str], *, env: dict | None = None, timeout: int = 1800, cwd="/
                          env={**base, **(env or {})})
     assert res.returncode == 0, (cmd[:6], res.stdout[-3000:], res.stderr[-5000:])
     return res
+
+
+@pytest.fixture(autouse=True)
+def _drop_the_venv(tmp_path):
+    """A cell's venv is ~10 GB (torch and its CUDA wheels): removed when the cell ends,
+    pass or fail (pytest keeps the last runs' tmp_path folders, logs included)."""
+    yield
+    shutil.rmtree(tmp_path / "venv", ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
