@@ -190,6 +190,21 @@ def _cold_run(conf: Path, root: Path, run_id: str, label: str) -> dict:
             "before": first - began, "after": ended - last}
 
 
+def _print_runs(runs: list[dict], wall: str, extra: list[tuple[str, str]]) -> None:
+    """One line per run: its wall time, each stage's seconds, then the `extra` columns
+    (header, key)."""
+    cols = [(wall, "wall"), *((f"{s} s", s) for s in STAGES), *extra]
+    print(f"{'run':<14} " + " ".join(f"{h:>{max(9, len(h))}}" for h, _ in cols))
+    print("-" * (15 + sum(max(9, len(h)) + 1 for h, _ in cols)))
+    for r in runs:
+        cells = []
+        for h, key in cols:
+            v = r["stages"].get(key, 0.0) if key in STAGES else r[key]
+            cells.append(f"{v:>{max(9, len(h))}.1f}" if isinstance(v, float)
+                         else f"{v!s:>{max(9, len(h))}}")
+        print(f"{r['label']:<14} " + " ".join(cells))
+
+
 def _cold(raw: dict, work: Path, n: int, added: int, seed: int, min_distance: int) -> None:
     import yaml
 
@@ -208,13 +223,8 @@ def _cold(raw: dict, work: Path, n: int, added: int, seed: int, min_distance: in
     print(f"\nCOLD: each night its own `lakeshard run` process, report on; {os.cpu_count()} "
           f"cores; load {os.getloadavg()[0]:.2f}")
     print(f"Spark start-up in a fresh process (import + session + one job): {startup:.1f} s")
-    header = (f"{'run':<14} {'command s':>9} " + " ".join(f"{s + ' s':>9}" for s in STAGES)
-              + f" {'before 1st stage s':>18} {'after last stage s':>18}")
-    print(header + "\n" + "-" * len(header))
-    for r in runs:
-        print(f"{r['label']:<14} {r['wall']:>9.1f} "
-              + " ".join(f"{r['stages'].get(s, 0.0):>9.1f}" for s in STAGES)
-              + f" {r['before']:>18.1f} {r['after']:>18.1f}")
+    _print_runs(runs, "command s", [("before 1st stage s", "before"),
+                                    ("after last stage s", "after")])
     first = runs[0]["wall"]
     print(f"no-op rerun / first run : {runs[1]['wall'] / first:.2f}   "
           f"(no-op - Spark start-up: {runs[1]['wall'] - startup:.1f} s)")
@@ -290,14 +300,8 @@ def main() -> None:
 
     print(f"\nSpark start-up (once, not in the runs): {startup:.1f} s; {os.cpu_count()} cores; "
           f"load {os.getloadavg()[0]:.2f}")
-    header = (f"{'run':<14} {'wall s':>7} " + " ".join(f"{s + ' s':>9}" for s in STAGES)
-              + f" {'outside s':>9} {'before s':>8} {'report s':>8} {'accepted':>8}")
-    print(header + "\n" + "-" * len(header))
-    for r in runs:
-        print(f"{r['label']:<14} {r['wall']:>7.1f} "
-              + " ".join(f"{r['stages'].get(s, 0.0):>9.1f}" for s in STAGES)
-              + f" {r['outside']:>9.1f} {r['before']:>8.1f} {r['report']:>8.1f}"
-              f" {r['accepted']!s:>8}")
+    _print_runs(runs, "wall s", [("outside s", "outside"), ("before s", "before"),
+                                 ("report s", "report"), ("accepted", "accepted")])
     for r in runs[1:]:
         notes = ", ".join(f"{s}: {n}" for s, n in r["notes"].items() if n)
         print(f"  {r['label']}: {notes or 'no stage notes'}")
