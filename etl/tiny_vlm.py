@@ -122,23 +122,23 @@ def build_random_vlm(out_dir: str | Path, make_config, *, seed: int = 0,
     may be larger than the tokenizer's (a real model's size, for realistic compute)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    import torch
-    from tokenizers import ByteLevelBPETokenizer
-    from transformers import (
-        GenerationConfig,
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
-        Qwen2_5_VLProcessor,
-        Qwen2TokenizerFast,
-        Qwen2VLImageProcessor,
-    )
-    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+    tokenizer = _train_tokenizer()
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _SPECIAL}
+    model = _random_model(make_config(len(tokenizer), ids), ids, seed=seed, dtype=dtype,
+                          device=device)
+    return _save(Path(out_dir), model, _processor(tokenizer, max_pixels), seed=seed)
 
-    out = Path(out_dir)
+
+def _train_tokenizer():
+    """A byte-level BPE tokenizer trained on :data:`_CORPUS`, with Qwen's special
+    tokens, left padding and the chat template."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import Qwen2TokenizerFast
+
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator(_CORPUS * 4, vocab_size=400, min_frequency=1,
                             special_tokens=_SPECIAL, show_progress=False)
-    tokenizer = Qwen2TokenizerFast(
+    return Qwen2TokenizerFast(
         tokenizer_object=bpe._tokenizer,
         unk_token=None,
         bos_token=None,
@@ -148,12 +148,22 @@ def build_random_vlm(out_dir: str | Path, make_config, *, seed: int = 0,
         padding_side="left",
         chat_template=_CHAT_TEMPLATE,
     )
-    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in _SPECIAL}
-    config = Qwen2_5_VLConfig(**make_config(len(tokenizer), ids))
+
+
+def _random_model(config: dict, ids: dict[str, int], *, seed: int, dtype: str, device: str):
+    """The model of `config`, initialised from `seed`, greedy generation ending at
+    ``<|im_end|>`` or ``<|endoftext|>``."""
+    import torch
+    from transformers import (
+        GenerationConfig,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+    )
+
     torch.manual_seed(seed)
     with torch.device(device):
         model = Qwen2_5_VLForConditionalGeneration._from_config(
-            config, dtype=getattr(torch, dtype)
+            Qwen2_5_VLConfig(**config), dtype=getattr(torch, dtype)
         ).eval()
     model.generation_config = GenerationConfig(
         bos_token_id=ids["<|endoftext|>"],
@@ -161,13 +171,25 @@ def build_random_vlm(out_dir: str | Path, make_config, *, seed: int = 0,
         pad_token_id=ids["<|endoftext|>"],
         do_sample=False,
     )
-    image_processor = Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels)
-    processor = Qwen2_5_VLProcessor(
-        image_processor=image_processor,
+    return model
+
+
+def _processor(tokenizer, max_pixels: int):
+    """The Qwen2.5-VL processor: images of up to `max_pixels`, `tokenizer`, the template."""
+    from transformers import Qwen2_5_VLProcessor, Qwen2VLImageProcessor
+    from transformers.models.qwen2_vl.video_processing_qwen2_vl import Qwen2VLVideoProcessor
+
+    return Qwen2_5_VLProcessor(
+        image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=max_pixels),
         tokenizer=tokenizer,
         video_processor=Qwen2VLVideoProcessor(),
         chat_template=_CHAT_TEMPLATE,
     )
+
+
+def _save(out: Path, model, processor, *, seed: int) -> Path:
+    """Save the checkpoint and its smoke-test marker into a private folder renamed to
+    `out` (another builder may have won the race: theirs is identical, ours is dropped)."""
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(tmp)
