@@ -196,3 +196,64 @@ def test_webdataset_pattern_matching_nothing_fails_before_spark(tmp_path):
     src = SourceConfig(name="w", kind="webdataset", path=str(tmp_path / "s-{0..3}.tar"))
     with pytest.raises(ConfigError, match="'w': path .* matches no tar shard"):
         adapter_for(src.kind).check_inputs(src)
+
+
+def test_list_tar_reads_one_shard_into_records_and_rejects(tmp_path):
+    """`list_tar` without Spark: each key's record points at its image's bytes in the
+    shard; a caption without an image, a link member, an oversized caption and a bad
+    sidecar are rejects on their key; data after the last member is a ``broken_tar``
+    reject of its own, after the records."""
+    import tarfile
+
+    from conftest import tar_bytes
+
+    from etl.sources.webdataset import list_tar
+
+    image = jpeg_bytes()
+    shard = tar_bytes([
+        ("a/001.jpg", image), ("a/001.txt", b"first"),
+        ("002.txt", b"a caption, no image"),
+        ("003.jpg", image), ("003.json", b'{"caption": "from json", "license": "cc-by"}'),
+        ("004.jpg", (tarfile.SYMTYPE, "/etc/passwd")), ("004.txt", b"linked"),
+        ("005.jpg", image), ("005.txt", b"x" * 64),
+        ("006.jpg", image), ("006.json", b"[1, 2]"),
+    ])
+    path = tmp_path / "s.tar"
+    path.write_bytes(shard + b"not a tar header" * 64)
+    rows = list_tar(f"file:{path}", path.stat().st_size, "fp1",
+                    {"caption": "caption", "license": "license"}, max_caption_chars=16)
+    by_key = {r["source_key"]: r for r in rows}
+    with tarfile.open(path) as tf:  # where the members end: the garbage is read from there
+        last = tf.getmembers()[-1]
+    end = last.offset_data + -(-last.size // 512) * 512
+    assert rows[-1]["source_key"] == f"s.tar#broken@{end}"
+    assert rows[-1]["read_reason"] == "broken_tar"
+    outcome = {k: (r["read_status"], r["read_reason"]) for k, r in by_key.items()
+               if "#" not in k}
+    assert outcome == {
+        "a/001": ("ok", None), "002": ("rejected", "missing_image"), "003": ("ok", None),
+        "004": ("rejected", "symlink"), "005": ("rejected", "caption_too_long"),
+        "006": ("rejected", "invalid_sidecar"),
+    }
+    assert (by_key["a/001"]["caption_original"], by_key["003"]["caption_original"],
+            by_key["003"]["license"]) == ("first", "from json", "cc-by")
+    for key in ("a/001", "003", "005", "006"):
+        r = by_key[key]
+        assert r["image_ref"] == f"file:{path}" and r["fingerprint"] == "fp1"
+        assert shard[r["image_offset"]:r["image_offset"] + r["image_length"]] == image
+    assert by_key["002"]["image_ref"] is None
+    meta = json.loads(by_key["004"]["metadata_json"])  # the link is named, never listed
+    assert meta["tar_members"] == ["004.txt"] and "'004.jpg' is a link" in meta["reject_detail"]
+
+    # Cut inside the last image: that key is truncated, the others stay as they were.
+    cut = tmp_path / "cut.tar"
+    cut.write_bytes(shard[:by_key["006"]["image_offset"] + 10])
+    rows = {r["source_key"]: r for r in list_tar(f"file:{cut}", cut.stat().st_size, "fp2",
+                                                 {"caption": "caption"})}
+    assert rows["006"]["read_reason"] == "truncated"
+    assert rows["a/001"]["read_status"] == "ok"
+
+    not_a_tar = tmp_path / "n.tar"
+    not_a_tar.write_bytes(b"\x01" * 2048)
+    assert [(r["source_key"], r["read_reason"]) for r in list_tar(
+        f"file:{not_a_tar}", 2048, "fp3", {})] == [("n.tar#unreadable", "broken_tar")]

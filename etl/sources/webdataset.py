@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import tarfile
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -112,104 +113,140 @@ def _key_ext(name: str) -> tuple[str, str]:
     return (f"{head}/{stem}" if head else stem), (ext.lower() if dot else "")
 
 
+@dataclass
+class _TarScan:
+    """What one pass over a shard's headers found (:func:`_scan_tar`)."""
+
+    groups: dict[str, dict[str, tarfile.TarInfo]] = field(default_factory=dict)
+    small: dict[tuple[str, str], bytes] = field(default_factory=dict)  # caption/JSON bytes
+    odd: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> reason, detail
+    broken: list[dict] = field(default_factory=list)  # broken_tar rejects
+
+
 def list_tar(uri: str, size: int, fp: str, mapping: dict[str, str],
              max_caption_chars: int = 65536) -> list[dict]:
     """The records of one shard (RAW_SCHEMA rows), never raising for bad data."""
     name = uri.rsplit("/", 1)[-1]
-    groups: dict[str, dict[str, tarfile.TarInfo]] = {}
-    small: dict[tuple[str, str], bytes] = {}
-    odd: dict[str, tuple[str, str]] = {}  # key -> the reject of a link or special member
-    caps = {"txt": caption_bytes(max_caption_chars), "json": SIDECAR_MAX_BYTES}
-    broken: list[dict] = []
+    caption_cap = caption_bytes(max_caption_chars)
     try:
-        with _open(uri) as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
-            while True:
-                try:
-                    member = tf.next()
-                except (tarfile.TarError, EOFError, OSError) as exc:
-                    if tf.offset >= size:
-                        break  # the last member runs past the end: rejected as truncated
-                    broken.append(_reject(f"{name}#broken@{tf.offset}", uri, fp,
-                                          "broken_tar", f"{type(exc).__name__}: {exc}"))
-                    break
-                if member is None:
-                    break
-                if member.isdir():
-                    continue
-                if not member.isfile():
-                    key, _ = _key_ext(member.name)
-                    groups.setdefault(key, {})
-                    odd.setdefault(key, (
-                        ("symlink", f"member {member.name!r} is a link, not followed")
-                        if member.issym() or member.islnk() else
-                        ("not_a_file", f"member {member.name!r} is a device or FIFO")))
-                    continue
-                key, ext = _key_ext(member.name)
-                groups.setdefault(key, {}).setdefault(ext, member)
-                if ext in caps and member.offset_data + member.size <= size:
-                    if member.size <= caps[ext]:
-                        small[(key, ext)] = tf.extractfile(member).read()
-                    else:
-                        odd.setdefault(key, (
-                            "caption_too_long" if ext == "txt" else "invalid_sidecar",
-                            f"member {member.name!r}: {member.size} bytes, over "
-                            f"{caps[ext]}"))
-            end = tf.offset
-            if end < size:
-                fh.seek(end)
-                tail = fh.read(min(size - end, 1 << 16))
-                if tail.strip(b"\0"):
-                    broken.append(_reject(f"{name}#broken@{end}", uri, fp, "broken_tar",
-                                          f"unreadable data after byte {end}"))
+        scan = _scan_tar(uri, size, fp, caption_cap)
     except (tarfile.TarError, EOFError, OSError) as exc:
         return [_reject(f"{name}#unreadable", uri, fp, "broken_tar",
                         f"{type(exc).__name__}: {exc}")]
+    rows = [_record(key, members, scan, uri, size, fp, mapping, max_caption_chars)
+            for key, members in scan.groups.items()]
+    return rows + scan.broken
 
-    rows = []
-    for key, members in groups.items():
-        image_ext = next((e for e in IMAGE_EXTS if e in members), None)
-        record: dict = {}
-        bad, detail = None, None
-        if (key, "json") in small:
-            parsed = parse_json_object(small[(key, "json")])
-            if isinstance(parsed, RecordError):
-                bad, detail = "invalid_sidecar", parsed.detail
-            else:
-                record = parsed
-        fields = map_fields(record, mapping, max_caption_chars=max_caption_chars)
-        if (key, "txt") in small:
-            text = text_caption(small[(key, "txt")], max_caption_chars)
-            if isinstance(text, RecordError):
-                if bad is None:
-                    bad, detail = text.reason, text.detail
-            elif text:
-                if fields["read_reason"] in CAPTION_REASONS:
-                    fields.update(read_status="ok", read_reason=None)
-                fields["caption_original"] = text
-        meta = json.loads(fields["metadata_json"]) if fields["metadata_json"] else {}
-        meta["tar_members"] = sorted(m.name for m in members.values())
-        if key in odd:  # a link or special member, an oversized sidecar: before all else
-            bad, detail = odd[key]
-            fields.update(caption_original=None, read_status="ok", read_reason=None)
-        elif image_ext is None:
-            bad = "missing_image"
-        elif members[image_ext].offset_data + members[image_ext].size > size:
-            bad = "truncated"
-            detail = f"{members[image_ext].name} runs past the end of {name}"
-        if detail is not None:
-            meta["reject_detail"] = detail
-        fields["metadata_json"] = json.dumps(meta, sort_keys=True)
-        if bad is not None and fields["read_status"] == "ok":
-            fields.update(read_status="rejected", read_reason=bad)
-        img = members.get(image_ext) if image_ext else None
-        rows.append(raw_row(
-            source_key=key, source_uri=uri, **fields,
-            image_ref=uri if img is not None else None,
-            image_offset=img.offset_data if img is not None else None,
-            image_length=img.size if img is not None else None,
-            fingerprint=fp,
-        ))
-    return rows + broken
+
+def _scan_tar(uri: str, size: int, fp: str, caption_cap: int) -> _TarScan:
+    """Read the shard's member headers (never following a link, never extracting to
+    disk) and its small caption/JSON members; a break midway, or data after the last
+    member, adds a ``broken_tar`` reject. Raises when the shard cannot be opened."""
+    name = uri.rsplit("/", 1)[-1]
+    caps = {"txt": caption_cap, "json": SIDECAR_MAX_BYTES}
+    scan = _TarScan()
+    with _open(uri) as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
+        while True:
+            try:
+                member = tf.next()
+            except (tarfile.TarError, EOFError, OSError) as exc:
+                if tf.offset >= size:
+                    break  # the last member runs past the end: rejected as truncated
+                scan.broken.append(_reject(f"{name}#broken@{tf.offset}", uri, fp,
+                                           "broken_tar", f"{type(exc).__name__}: {exc}"))
+                break
+            if member is None:
+                break
+            _add_member(scan, tf, member, size, caps)
+        end = tf.offset
+        if end < size:
+            fh.seek(end)
+            tail = fh.read(min(size - end, 1 << 16))
+            if tail.strip(b"\0"):
+                scan.broken.append(_reject(f"{name}#broken@{end}", uri, fp, "broken_tar",
+                                           f"unreadable data after byte {end}"))
+    return scan
+
+
+def _add_member(scan: _TarScan, tf: tarfile.TarFile, member: tarfile.TarInfo, size: int,
+                caps: dict[str, int]) -> None:
+    """File `member` under its key: a link or special member marks the key odd, a
+    caption/JSON member within its cap (and the file) is read, one over it marks the key."""
+    if member.isdir():
+        return
+    key, ext = _key_ext(member.name)
+    if not member.isfile():
+        scan.groups.setdefault(key, {})
+        scan.odd.setdefault(key, (
+            ("symlink", f"member {member.name!r} is a link, not followed")
+            if member.issym() or member.islnk() else
+            ("not_a_file", f"member {member.name!r} is a device or FIFO")))
+        return
+    scan.groups.setdefault(key, {}).setdefault(ext, member)
+    if ext in caps and member.offset_data + member.size <= size:
+        if member.size <= caps[ext]:
+            scan.small[(key, ext)] = tf.extractfile(member).read()
+        else:
+            scan.odd.setdefault(key, (
+                "caption_too_long" if ext == "txt" else "invalid_sidecar",
+                f"member {member.name!r}: {member.size} bytes, over {caps[ext]}"))
+
+
+def _record(key: str, members: dict[str, tarfile.TarInfo], scan: _TarScan, uri: str,
+            size: int, fp: str, mapping: dict[str, str], max_caption_chars: int) -> dict:
+    """The RAW_SCHEMA row of one key: its sidecar fields and caption, then the first
+    reason to reject it (an odd member, no image, an image past the end of the file)."""
+    name = uri.rsplit("/", 1)[-1]
+    image_ext = next((e for e in IMAGE_EXTS if e in members), None)
+    fields, bad, detail = _sidecar_fields(key, scan.small, mapping, max_caption_chars)
+    meta = json.loads(fields["metadata_json"]) if fields["metadata_json"] else {}
+    meta["tar_members"] = sorted(m.name for m in members.values())
+    if key in scan.odd:  # a link or special member, an oversized sidecar: before all else
+        bad, detail = scan.odd[key]
+        fields.update(caption_original=None, read_status="ok", read_reason=None)
+    elif image_ext is None:
+        bad = "missing_image"
+    elif members[image_ext].offset_data + members[image_ext].size > size:
+        bad = "truncated"
+        detail = f"{members[image_ext].name} runs past the end of {name}"
+    if detail is not None:
+        meta["reject_detail"] = detail
+    fields["metadata_json"] = json.dumps(meta, sort_keys=True)
+    if bad is not None and fields["read_status"] == "ok":
+        fields.update(read_status="rejected", read_reason=bad)
+    img = members.get(image_ext) if image_ext else None
+    return raw_row(
+        source_key=key, source_uri=uri, **fields,
+        image_ref=uri if img is not None else None,
+        image_offset=img.offset_data if img is not None else None,
+        image_length=img.size if img is not None else None,
+        fingerprint=fp,
+    )
+
+
+def _sidecar_fields(key: str, small: dict[tuple[str, str], bytes], mapping: dict[str, str],
+                    max_caption_chars: int) -> tuple[dict, str | None, str | None]:
+    """The key's fields mapped from its ``.json`` member, with its ``.txt`` caption; and
+    the reason (and detail) a bad sidecar or caption rejects it with, if any."""
+    record: dict = {}
+    bad, detail = None, None
+    if (key, "json") in small:
+        parsed = parse_json_object(small[(key, "json")])
+        if isinstance(parsed, RecordError):
+            bad, detail = "invalid_sidecar", parsed.detail
+        else:
+            record = parsed
+    fields = map_fields(record, mapping, max_caption_chars=max_caption_chars)
+    if (key, "txt") in small:
+        text = text_caption(small[(key, "txt")], max_caption_chars)
+        if isinstance(text, RecordError):
+            if bad is None:
+                bad, detail = text.reason, text.detail
+        elif text:
+            if fields["read_reason"] in CAPTION_REASONS:
+                fields.update(read_status="ok", read_reason=None)
+            fields["caption_original"] = text
+    return fields, bad, detail
 
 
 def _reject(key: str, uri: str, fp: str, reason: str, detail: str) -> dict:
