@@ -108,14 +108,26 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path, monkeypa
         def not_on_a_no_op(*_a, **_k):
             raise AssertionError("a night with nothing new fetched or prepared")
 
+        # The first run left what a quiet night needs: the sources are not even listed
+        # into Spark, nothing is compared with the manifest.
         with monkeypatch.context() as m:
-            m.setattr(curate_job, "fetch_images", not_on_a_no_op)
-            m.setattr(curate_job, "prepare_images", not_on_a_no_op)
-            counts = _curate(spark, cfg, "r2")
-        for c in counts.values():
+            for step in ("fetch_images", "prepare_images", "list_sources", "mark_unchanged"):
+                m.setattr(curate_job, step, not_on_a_no_op)
+            quiet = _curate(spark, cfg, "r2")
+        for c in quiet.values():
             assert (c.seen, c.accepted, c.rejected, c.unchanged) == (0, 0, 0, 2), c
         assert server.hits == hits
         assert lance.dataset(tables.layout(cfg).curated).version == version
+        # Without it (derived state is never the truth), the full comparison finds the
+        # same: every count, and how each source was looked at for removals.
+        (tmp_path / "out" / "_lakeshard" / "curate_quiet.json").unlink()
+        with monkeypatch.context() as m:
+            m.setattr(curate_job, "fetch_images", not_on_a_no_op)
+            m.setattr(curate_job, "prepare_images", not_on_a_no_op)
+            counts = _curate(spark, cfg, "r2b")
+        assert counts == quiet
+        assert {c.removal_scan for c in counts.values()} == {"listing", "change data feed",
+                                                             "version diff"}
 
         # Three new records: a folder image, a URL row, a new tar shard with one key.
         (tmp_path / "folder" / "c.jpg").write_bytes(_img(11))
@@ -141,4 +153,5 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path, monkeypa
         by_run = {(r.run_id, r.status): r.n for r in acc.groupBy("run_id", "status")
                   .agg({"count": "sum"}).withColumnRenamed("sum(count)", "n").collect()}
         assert by_run == {("r1", "accepted"): 12, ("r2", "unchanged"): 12,
+                          ("r2b", "unchanged"): 12,
                           ("r3", "accepted"): 3, ("r3", "unchanged"): 12}

@@ -47,7 +47,12 @@ from etl.runtime.faults import fault_point
 from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.schema import REMOVED, UPSTREAM_COLUMNS, sample_id_col
 from etl.sources import adapter_for, finish_ingest
-from etl.transforms.accounting import SourceCounts, accounting_rows, source_counts
+from etl.transforms.accounting import (
+    SourceCounts,
+    accounting_rows,
+    quiet_accounting,
+    source_counts,
+)
 from etl.transforms.bronze import (
     CONTAINER_FAILURES,
     known_fingerprint,
@@ -58,6 +63,7 @@ from etl.transforms.bronze import (
     refuse_prepared,
     refuse_taken_down,
     removed_records,
+    retried,
     takedown_identifiers,
     unchanged_containers,
 )
@@ -89,6 +95,9 @@ _SOURCE_VERSION = "source:"
 # Where the versions the last completed curate read are kept: one small JSON object
 # (read without Spark; the run ledger has them too, but querying it is a Spark job).
 _VERSIONS_FILE = "_lakeshard/source_versions.json"
+# What a quiet night needs (see _Quiet): the last run's per-source counts, keyed by every
+# source's listing digest and the manifest and takedowns versions it left.
+_QUIET_FILE = "_lakeshard/curate_quiet.json"
 
 
 @dataclass(frozen=True)
@@ -508,9 +517,94 @@ def _remember_versions(cfg: Config, diff: _Diff, removals: _Removals) -> None:
     _record_versions(cfg, {**kept, **removals.source_versions})
 
 
+@dataclass(frozen=True)
+class _Quiet:
+    """Step "check for change": tonight's key -- every source's listing digest and config,
+    the manifest's and the takedowns' versions -- and, when the last run left the same
+    key and nothing it processed is retried, its figures. A quiet night then records its
+    accounting and checks the curated table, and lists, compares and merges nothing."""
+    key: dict | None  # None: a source kind that cannot tell cheaply, or no tables yet
+    payload: dict | None  # unchanged, scans, versions per source; None: a full run
+
+    @property
+    def hit(self) -> bool:
+        return self.payload is not None
+
+
+def _quiet_state(cfg: Config) -> DerivedState:
+    return DerivedState(f"{cfg.storage.root.rstrip('/')}/{_QUIET_FILE}", "curate_quiet")
+
+
+def _sources_key(cfg: Config) -> dict[str, list[str]] | None:
+    out = {}
+    for s in cfg.sources:
+        digest = adapter_for(s.kind).listing_digest(s)
+        if digest is None:
+            return None
+        out[s.name] = [hashlib.sha256(s.model_dump_json().encode()).hexdigest()[:16], digest]
+    return out
+
+
+def _check_quiet(spark: SparkSession, cfg: Config, paths: tables.Layout) -> _Quiet:
+    sources = _sources_key(cfg)  # listed before any table is read
+    manifest = tables.delta_version(spark, paths.manifest)
+    if sources is None or manifest is None or not tables.lance_exists(paths.curated):
+        return _Quiet(None if sources is None else {"sources": sources}, None)
+    key = {"sources": sources, "manifest": manifest,
+           "takedowns": tables.delta_version(spark, paths.takedowns)}
+    return _Quiet(key, _quiet_state(cfg).load(key))
+
+
+def _remember_quiet(spark: SparkSession, cfg: Config, paths: tables.Layout, quiet: _Quiet,
+                    diff: _Diff, prep: _Prepared, removals: _Removals) -> None:
+    """Written after the run's last commit, when a rerun on the same listing would find
+    every record unchanged: nothing processed is retried (or a second copy of a key),
+    no source's removals were deferred."""
+    state = _quiet_state(cfg)
+    if quiet.key is None or any(removals.deferred(s.name) for s in cfg.sources) or any(
+            r["status"] != "ok" and (retried(r["reason"]) or r["reason"] == "duplicate_key")
+            for r in prep.outcome_rows):
+        state.clear()
+        return
+    if any(quiet.key["sources"][name][1] != f"version {v}"
+           for name, v in diff.versions.items() if v is not None):
+        state.clear()  # the table moved between the digest and the read
+        return
+    unchanged = {s.name: diff.stats.get(s.name, {}).get("n", 0) + diff.skipped.get(s.name, 0)
+                 for s in cfg.sources}
+    scans = {}
+    for s in cfg.sources:
+        version = diff.versions.get(s.name)
+        scans[s.name] = ("kept" if s.on_removed == "keep" else "listing" if version is None
+                         else adapter_for(s.kind).deleted_keys(spark, s, version, version)[1])
+    key = {**quiet.key, "manifest": tables.delta_version(spark, paths.manifest),
+           "takedowns": tables.delta_version(spark, paths.takedowns)}
+    state.save(key, {"unchanged": unchanged, "scans": scans,
+                     "versions": removals.source_versions})
+
+
+def _quiet_night(spark: SparkSession, cfg: Config, paths: tables.Layout, quiet: _Quiet,
+                 run_id: str, now: datetime) -> CurateResult:
+    """Nothing changed since the last run: its unchanged counts are tonight's."""
+    unchanged = {k: int(v) for k, v in quiet.payload["unchanged"].items()}
+    with _job(spark, "nothing changed: record accounting"):
+        merge_accounting(spark, quiet_accounting(unchanged, run_id=run_id, run_at=now),
+                         paths.accounting)
+        _purge_due(spark, cfg, paths, now)
+    ds = _closing_check(spark, cfg, paths)
+    counts = source_counts([], [s.name for s in cfg.sources], unchanged, (),
+                           quiet.payload["scans"])
+    return CurateResult(paths.curated, ds.version, ds.count_rows(), paths.rejects,
+                        paths.manifest, paths.accounting, counts, None,
+                        {k: int(v) for k, v in quiet.payload["versions"].items()})
+
+
 def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
     paths = tables.layout(cfg)
     now = datetime.now(UTC).replace(tzinfo=None)
+    quiet = _check_quiet(spark, cfg, paths)
+    if quiet.hit:
+        return _quiet_night(spark, cfg, paths, quiet, run_id, now)
     with _job(spark, "finish pending takedowns"):  # before anything reads the manifest
         pending = _finish_takedowns(spark, cfg, run_id, now)
     with _job(spark, "list sources, compare with the manifest"):
@@ -533,6 +627,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
             df.unpersist()
     ds = _closing_check(spark, cfg, paths)
     _remember_versions(cfg, diff, removals)
+    _remember_quiet(spark, cfg, paths, quiet, diff, prep, removals)
     purge = next((r.purge for r in (gone, pending) if r is not None and r.purge), None)
     return CurateResult(paths.curated, ds.version, ds.count_rows(), paths.rejects,
                         paths.manifest, paths.accounting, counts, purge,

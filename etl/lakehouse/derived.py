@@ -74,3 +74,9 @@ class DerivedState:
                                              separators=(",", ":")).encode())
         except OSError as exc:
             log.warning("%s: could not write %s (%s)", self.kind, self.path, exc)
+
+    def clear(self) -> None:
+        """Forget the payload (before, or instead of, a commit it would no longer describe):
+        the document is kept with no key, which no :meth:`load` with a key matches."""
+        if self._document() is not None:
+            self.save(None, {})

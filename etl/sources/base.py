@@ -62,6 +62,13 @@ class SourceAdapter(ABC):
         :meth:`containers`) known unchanged, not to be opened at all. `version`: the
         table version to read (see :meth:`snapshot_version`); None: the latest."""
 
+    def listing_digest(self, source: SourceConfig) -> str | None:
+        """A driver-side digest of what :meth:`read` would list (file names, sizes, mtimes;
+        a table's version), computed without opening a record; None when a kind cannot
+        tell cheaply. Two equal digests promise the same records with the same
+        fingerprints: curate then skips comparing the listing with the manifest."""
+        return None
+
     def containers(self, source: SourceConfig) -> dict[str, str] | None:
         """Files holding many records (tar shards) -> fingerprint, listed on the driver,
         for kinds that can skip an unchanged container whole; None for other kinds."""

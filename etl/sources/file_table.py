@@ -42,7 +42,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from etl.config import ConfigError, SourceConfig
 from etl.sources.base import FLAG_KEYS, SourceAdapter, is_local_path, require_exists
-from etl.sources.listing import expand_pattern
+from etl.sources.listing import expand_pattern, listing_digest
 from etl.sources.records import (
     MISSING,
     RAW_ARROW_SCHEMA,
@@ -124,6 +124,9 @@ class TableSource(SourceAdapter):
             files.append((f.uri, "jsonl" if fmt == "json" else fmt,
                           *(f.problem or (None, None))))
         return files
+
+    def listing_digest(self, source: SourceConfig) -> str | None:
+        return listing_digest(expand_pattern(source.path, source.follow_symlinks))
 
     def check_inputs(self, source: SourceConfig) -> None:
         require_exists(source)

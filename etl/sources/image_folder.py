@@ -25,7 +25,7 @@ from etl.sources.base import (
     local_path,
     require_exists,
 )
-from etl.sources.listing import fingerprint, list_files
+from etl.sources.listing import fingerprint, list_files, listing_digest
 from etl.sources.records import (
     CAPTION_REASONS,
     RAW_SCHEMA,
@@ -61,6 +61,9 @@ class ImageFolderSource(SourceAdapter):
                 f"source {source.name!r}: path {source.path!r} is not a directory "
                 "(field sources[].path; kind image_folder reads a folder)"
             )
+
+    def listing_digest(self, source: SourceConfig) -> str | None:
+        return listing_digest(list_files(source.path, source.follow_symlinks))
 
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),

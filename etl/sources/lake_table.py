@@ -147,6 +147,16 @@ class DeltaSource(_ExistingTable):
             reader = reader.option("versionAsOf", str(version))
         return reader.load(source.path)
 
+    def listing_digest(self, source: SourceConfig) -> str | None:
+        """The table's version, read from its log by delta-rs (None if delta-rs cannot)."""
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
+
+        try:
+            return f"version {DeltaTable(source.path).version()}"
+        except (DeltaError, OSError, ValueError):
+            return None
+
     def snapshot_version(self, spark: SparkSession, source: SourceConfig) -> int | None:
         from delta.tables import DeltaTable
 
@@ -214,6 +224,12 @@ class LanceSource(_ExistingTable):
 
         path = source.path if "://" in source.path else str(local_path(source.path))
         return lance.dataset(path, version=version)
+
+    def listing_digest(self, source: SourceConfig) -> str | None:
+        try:
+            return f"version {self._dataset(source).version}"
+        except (ValueError, OSError):
+            return None
 
     def snapshot_version(self, spark: SparkSession, source: SourceConfig) -> int | None:
         return int(self._dataset(source).version)

@@ -11,6 +11,7 @@ reject of that record: ``symlink`` (a link, with ``follow_symlinks`` off),
 from __future__ import annotations
 
 import glob
+import hashlib
 import itertools
 import os
 import re
@@ -21,7 +22,7 @@ from etl.sources.base import file_uri, is_local_path, local_path
 from udfs.fetch_local import file_kind
 
 __all__ = ["ListedFile", "list_files", "expand_braces", "expand_pattern", "fingerprint",
-           "LISTING_REASONS"]
+           "listing_digest", "LISTING_REASONS"]
 
 # Reasons a listed entry is not read (see the module docstring).
 LISTING_REASONS = ("symlink", "outside_source", "dangling_link", "not_a_file")
@@ -43,6 +44,15 @@ class ListedFile:
 
 def fingerprint(f: ListedFile) -> str:
     return f"{f.size}:{int(f.mtime * 1000)}"
+
+
+def listing_digest(files: list[ListedFile]) -> str:
+    """One hash of a listing: every entry's name, size, mtime and problem, in name order.
+    Equal digests mean a listing that reads the same records (curate's quiet-night check)."""
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.uri):
+        h.update(f"{f.uri}\0{fingerprint(f)}\0{f.problem}\n".encode())
+    return h.hexdigest()
 
 
 def expand_braces(pattern: str) -> list[str]:

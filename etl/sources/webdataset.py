@@ -34,7 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from etl.config import ConfigError, SourceConfig
 from etl.sources.base import FLAG_KEYS, SourceAdapter
-from etl.sources.listing import expand_pattern, fingerprint
+from etl.sources.listing import expand_pattern, fingerprint, listing_digest
 from etl.sources.records import (
     CAPTION_REASONS,
     RAW_ARROW_SCHEMA,
@@ -63,6 +63,9 @@ class WebDatasetSource(SourceAdapter):
                 f"source {source.name!r}: path {source.path!r} does not exist or matches "
                 "no tar shard (field sources[].path)"
             )
+
+    def listing_digest(self, source: SourceConfig) -> str | None:
+        return listing_digest(expand_pattern(source.path, source.follow_symlinks))
 
     def containers(self, source: SourceConfig) -> dict[str, str]:
         return {f.uri: fingerprint(f)

@@ -15,11 +15,11 @@ from datetime import datetime
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl.schema import ACCOUNTING_SCHEMA, REMOVED
+from etl.schema import ACCOUNTING_SCHEMA, REMOVED, arrow_schema
 from udfs.outcomes import INTERNAL_ERROR
 
-__all__ = ["SourceCounts", "source_counts", "accounting_rows", "removal_counts",
-           "removal_rows"]
+__all__ = ["SourceCounts", "source_counts", "accounting_rows", "unchanged_rows",
+           "quiet_accounting", "removal_counts", "removal_rows"]
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,24 @@ def removal_rows(spark: SparkSession, counts: Sequence[Mapping], *, run_id: str,
     )
 
 
+def unchanged_rows(unchanged: Mapping[str, int], *, run_id: str, run_at: datetime
+                   ) -> list[tuple]:
+    """One accounting row per source that skipped records already ingested unchanged."""
+    return [(run_id, run_at, src, "unchanged", None, None, None, int(n))
+            for src, n in sorted(unchanged.items()) if n]
+
+
+def quiet_accounting(unchanged: Mapping[str, int], *, run_id: str, run_at: datetime):
+    """The whole accounting of a run that processed and removed nothing, as an Arrow
+    table built here (no Spark job): its `unchanged` rows."""
+    import pyarrow as pa
+
+    names = ACCOUNTING_SCHEMA.fieldNames()
+    rows = unchanged_rows(unchanged, run_id=run_id, run_at=run_at)
+    return pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows],
+                                schema=arrow_schema(ACCOUNTING_SCHEMA))
+
+
 def accounting_rows(outcome: DataFrame, unchanged: Mapping[str, int], *, run_id: str,
                     run_at: datetime, removed: Sequence[Mapping] = ()) -> DataFrame:
     """The accounting table's rows for one run: one per (source, outcome, stage, reason,
@@ -116,11 +134,8 @@ def accounting_rows(outcome: DataFrame, unchanged: Mapping[str, int], *, run_id:
         F.col("count").cast("long").alias("count"),
     )
     spark = outcome.sparkSession
-    skipped = spark.createDataFrame(
-        [(run_id, run_at, src, "unchanged", None, None, None, int(n))
-         for src, n in sorted(unchanged.items()) if n],
-        ACCOUNTING_SCHEMA,
-    )
+    skipped = spark.createDataFrame(unchanged_rows(unchanged, run_id=run_id, run_at=run_at),
+                                    ACCOUNTING_SCHEMA)
     gone = removal_rows(spark, removed, run_id=run_id, run_at=run_at)
     return (processed.unionByName(skipped).unionByName(gone)
             .select(*ACCOUNTING_SCHEMA.fieldNames()))

@@ -28,6 +28,7 @@ __all__ = [
     "CONTAINER_FAILURES",
     "TAKEN_DOWN",
     "unchanged_containers",
+    "retried",
     "known_fingerprint",
     "mark_unchanged",
     "mark_duplicate_keys",
@@ -73,9 +74,18 @@ def unchanged_containers(listed: Mapping[str, str], known: Sequence[Mapping]
     return skip, sum(k["count"] for k in same if k["source_uri"] in skip)
 
 
+_RETRIED = (*TRANSIENT_STATUSES, INTERNAL_ERROR)  # rejects the next run tries again
+
+
 def _is_retry(manifest_status: Column, reason: Column) -> Column:
-    retried = reason.isin(*TRANSIENT_STATUSES, INTERNAL_ERROR)
+    retried = reason.isin(*_RETRIED)
     return (manifest_status == "rejected") & retried | reason.startswith("http_5")
+
+
+def retried(reason: str | None) -> bool:
+    """Whether a record that failed for `reason` is tried again by the next run (the
+    rule of :func:`_is_retry`, for a reason collected on the driver)."""
+    return reason is not None and (reason in _RETRIED or reason.startswith("http_5"))
 
 
 def known_fingerprint() -> Column:

@@ -115,17 +115,25 @@ def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
     )
 
 
-def merge_accounting(spark: SparkSession, rows: DataFrame, path: str) -> None:
-    """Record a run's counts; writing the same run again changes nothing.
+def merge_accounting(spark: SparkSession, rows, path: str) -> None:
+    """Record a run's counts (a DataFrame, or an Arrow table built on the driver); writing
+    the same run again changes nothing.
 
     The rows of a run the table does not hold yet (every run's first write) are one
     append by delta-rs in this process (a few dozen rows: no MERGE, no Spark job to
     write them); otherwise, or for a table delta-rs cannot write, a Spark MERGE."""
+    import pyarrow as pa
     from delta.tables import DeltaTable
 
-    _ensure(spark, path, ACCOUNTING_SCHEMA)
-    if _append_new_runs(rows.select(*ACCOUNTING_SCHEMA.fieldNames()).toArrow(), path):
+    names = ACCOUNTING_SCHEMA.fieldNames()
+    data = rows.select(names) if isinstance(rows, pa.Table) else rows.select(*names).toArrow()
+    if _append_new_runs(data, path):  # the table exists with every column: no Spark
         return
+    _ensure(spark, path, ACCOUNTING_SCHEMA)
+    if _append_new_runs(data, path):
+        return
+    frame = (spark.createDataFrame(data.to_pylist(), ACCOUNTING_SCHEMA)
+             if isinstance(rows, pa.Table) else rows.select(*names))
     cond = " AND ".join(
         f"t.{c} <=> s.{c}" for c in ("run_id", "source", "status", "stage", "reason",
                                      "filter_reason")
@@ -133,7 +141,7 @@ def merge_accounting(spark: SparkSession, rows: DataFrame, path: str) -> None:
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
-        .merge(rows.select(*ACCOUNTING_SCHEMA.fieldNames()).alias("s"), cond)
+        .merge(frame.alias("s"), cond)
         .whenNotMatchedInsertAll()
         .execute()
     )
@@ -148,8 +156,8 @@ def _append_new_runs(data, path: str) -> bool:
 
     try:
         table = tables.delta_rs_table(path, write=True)
-        if table is None:
-            return False
+        if table is None or not set(data.column_names) <= set(table.schema().to_arrow().names):
+            return False  # no table yet, or one missing a column: _ensure first
         runs = sorted(set(data.column("run_id").to_pylist()))
         if runs and table.to_pyarrow_table(
                 columns=["run_id"], filters=[("run_id", "in", runs)],
