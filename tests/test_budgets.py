@@ -1,22 +1,18 @@
-"""Honest outcomes: an exception in lakeshard's own code is `internal_error`, not bad
-data; a stage over its failure budget ends `failed` (ledger, exit code 4) with the
-budget, the counts and examples; the next run retries; the console shows people the
-stage lines and the summary, and every event lands in events.jsonl; the stale-dedup
-warning compares rows, not version numbers."""
+"""Failure budgets: a stage over its budget ends `failed` (ledger, exit code 4) with the
+budget, the counts and examples, and the next run retries. The rules on tallies first;
+then real runs: a bug injected into prepare's own code path fails `lakeshard curate`
+(one module-scoped pair of runs: the faulted one and its retry), and a model whose
+generate() always raises fails `lakeshard caption` on the same root."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import os
 import shutil
 
 import lance
-import pyarrow as pa
 import pytest
-from conftest import JARS_DIR, make_config, png_bytes
+from support import JARS_DIR, cli_in_process, make_config, photo_png, scoped_env
 
 from etl import tables
 from etl.config import BudgetsConfig, ConfigError
@@ -24,7 +20,7 @@ from etl.pipeline.budgets import check_budget
 from etl.runtime.stage import RowTally
 from udfs.faults import RAISE_ENV
 
-# --------------------------------------------------------------------- budgets
+# --------------------------------------------------------------------- the rules
 
 
 def test_budgets_name_the_budget_the_counts_and_examples():
@@ -72,248 +68,7 @@ def test_budget_stage_names_are_checked_before_spark(tmp_path):
         make_config(tmp_path, run={"budgets": {"internal_error_rate": 5}})
 
 
-# ------------------------------------------------------------ counts, examples
-
-
-def test_internal_errors_are_counted_apart_from_rejects():
-    from etl.transforms.accounting import source_counts
-    from etl.transforms.prepare import failure_examples
-
-    def row(status, reason, count, stage="prepare", key=None, detail=None):
-        return {"source": "s", "stage": stage, "status": status, "reason": reason,
-                "filter_reason": None, "count": count,
-                "example": None if key is None else {"key": key, "detail": detail}}
-
-    outcome = [
-        row("ok", None, 5),
-        row("rejected", "undecodable", 2, key="b.png", detail="not a recognised image"),
-        row("error", "internal_error", 3, key="c.png", detail="KeyError: 'x' (at m.py:1)"),
-        row("rejected", "internal_error", 1, stage="fetch", key="u1", detail="TypeError: t"),
-        row("rejected", "missing_file", 4, stage="fetch", key="u2", detail="gone"),
-    ]
-    (c,) = source_counts(outcome, ["s"], {"s": 7})
-    assert (c.seen, c.accepted, c.rejected, c.internal_errors, c.unchanged) == (15, 5, 6, 4, 7)
-    assert c.reasons == {"missing_file": 4, "undecodable": 2}  # internal errors not here
-    assert failure_examples(outcome, 3) == (
-        "s c.png: prepare internal_error: KeyError: 'x' (at m.py:1)",
-        "s u1: fetch internal_error: TypeError: t",
-        "s u2: fetch missing_file: gone",
-    )
-
-
-def test_accounting_table_rows_give_internal_errors_their_own_outcome(spark):
-    from datetime import datetime
-
-    from etl.transforms.accounting import accounting_rows
-
-    outcome = spark.createDataFrame(
-        [("s", "prepare", "ok", None, None, 5), ("s", "prepare", "rejected", "empty", None, 1),
-         ("s", "prepare", "error", "internal_error", None, 2)],
-        "source string, stage string, status string, reason string, filter_reason string, "
-        "count long",
-    )
-    rows = accounting_rows(outcome, {}, run_id="r", run_at=datetime(2026, 1, 1)).collect()
-    got = {(r["status"], r["reason"]): r["count"] for r in rows}
-    assert got == {("accepted", None): 5, ("rejected", "empty"): 1,
-                   ("error", "internal_error"): 2}
-
-
-def test_a_fetch_bug_is_internal_error_not_a_bad_reference(tmp_path, monkeypatch):
-    from udfs import fetch
-
-    path = tmp_path / "a.png"
-    path.write_bytes(png_bytes())
-    assert fetch.fetch_ref(str(path)).status == "ok"
-
-    def broken(path, opts, rng, rules):
-        return {}["no such key"]  # a bug in the fetch code itself
-
-    monkeypatch.setattr(fetch, "_local", broken)
-    res = fetch.fetch_ref(str(path))
-    assert res.status == "internal_error" and res.data is None
-    assert res.detail.startswith("KeyError: 'no such key' (at test_outcomes.py:")
-    assert "in fetch_ref" in res.detail
-
-
-def test_a_fetch_bug_reading_a_sidecar_is_internal_error_not_a_bad_sidecar(tmp_path,
-                                                                          monkeypatch):
-    """image_folder reads `.txt`/`.json` sidecars through fetch_ref: a bug there is the
-    record's internal_error (counted apart, retried), not `invalid_sidecar`."""
-    from etl.sources.image_folder import _sidecar_udf
-    from udfs import fetch
-
-    (tmp_path / "a.txt").write_text("a cat on a mat\n")
-    (tmp_path / "a.json").write_text(json.dumps({"license": "cc-by"}))
-    parse = _sidecar_udf({"caption": "caption", "license": "license"},
-                         max_caption_chars=65536, follow_symlinks=False).func
-    out = parse(str(tmp_path / "a.txt"), str(tmp_path / "a.json"))
-    assert (out["read_status"], out["read_reason"], out["caption_original"],
-            out["license"]) == ("ok", None, "a cat on a mat", "cc-by")
-
-    def broken(path, opts, rng, rules):
-        raise TypeError("a bug in the fetch code")
-
-    monkeypatch.setattr(fetch, "_local", broken)
-    out = parse(str(tmp_path / "a.txt"), str(tmp_path / "a.json"))
-    assert (out["read_status"], out["read_reason"]) == ("rejected", "internal_error")
-    assert json.loads(out["metadata_json"])["detail"].startswith(
-        "TypeError: a bug in the fetch code (at test_outcomes.py:")
-    out = parse(str(tmp_path / "a.txt"), None)  # the caption file alone
-    assert out["read_reason"] == "internal_error"
-
-
-def test_luma_mean_says_why_it_is_null_and_a_bug_fails(monkeypatch):
-    from PIL import ImageStat
-
-    from udfs.features import luma_mean
-
-    value, error = luma_mean(png_bytes((40, 30), color=(100, 100, 100)))
-    assert error is None and 99 <= value <= 101
-    assert luma_mean(b"") == (None, "empty: no image bytes")
-    value, error = luma_mean(b"these bytes are not an image")
-    assert value is None and error.startswith("undecodable: UnidentifiedImageError")
-
-    def broken(*a, **k):
-        raise ValueError("a bug of ours, not the image's")
-
-    monkeypatch.setattr(ImageStat, "Stat", broken)
-    with pytest.raises(ValueError, match="a bug of ours"):
-        luma_mean(png_bytes())
-
-
-# --------------------------------------------------------------------- console
-
-
-def test_console_text_json_and_the_events_file(tmp_path, capsys):
-    from etl.runtime.progress import EventsFile, console, event, say
-
-    log = logging.getLogger("etl.something")
-    root_handlers = logging.getLogger().handlers[:]
-    events = tmp_path / "events.jsonl"
-    with EventsFile(str(events)):
-        with console("text"):
-            event("stage_start", stage="curate")
-            say("curate: started")
-            log.info("detail nobody asked for")
-            log.warning("a warning people should see")
-        err = capsys.readouterr().err
-        assert err.splitlines() == ["[lakeshard] curate: started",
-                                    "WARNING etl.something: a warning people should see"]
-        with console("json"):
-            event("stage_end", stage="curate", seconds=1.5)
-            say("curate: done")  # a line for people: not in JSON mode
-            log.info("an info record")
-        lines = [json.loads(line) for line in capsys.readouterr().err.splitlines()]
-        assert [(e["event"], e.get("stage"), e.get("message")) for e in lines] == [
-            ("stage_end", "curate", None), ("log", None, "an info record")]
-        assert lines[1]["level"] == "INFO" and lines[1]["logger"] == "etl.something"
-        with console("text", verbose=True):
-            event("progress", stage="curate", tasks_done=1)
-        assert '"event": "progress"' in capsys.readouterr().err
-    event("after", stage="none")  # the file is closed: not recorded
-    assert [json.loads(line)["event"] for line in events.read_text().splitlines()] == [
-        "stage_start", "stage_end", "progress"]
-    assert logging.getLogger().handlers == root_handlers  # the console restored logging
-
-
-def test_json_console_errors_are_json_too(tmp_path, capsys):
-    from etl.cli import main
-
-    conf = tmp_path / "c.yaml"
-    conf.write_text(json.dumps({"storage": {"root": str(tmp_path)}, "sources": [
-        {"name": "s", "kind": "image_folder", "path": str(tmp_path)}],
-        "run": {"budgets": {"examples": 0}}}))
-    assert main(["--log-format", "json", "--conf", str(conf), "curate"]) == 2
-    (line,) = capsys.readouterr().err.splitlines()
-    err = json.loads(line)
-    assert err["event"] == "error" and err["exit_code"] == 2
-    assert "run.budgets.examples: must be >= 1" in err["message"]
-
-
-# ----------------------------------------------------------- stale-dedup check
-
-
-def test_the_stale_dedup_warning_compares_rows_not_versions(spark, tmp_path, caplog):
-    """Columns added after dedup (captions, features) leave the rows it covers as they
-    are: no warning. Rows appended, changed or deleted: a warning with the counts."""
-    from etl.schema import DEDUP_SCHEMA
-    from etl.writers.lance_columns import write_columns
-
-    cfg = make_config(tmp_path)
-    path, dedup_path = tables.layout(cfg).curated, tables.layout(cfg).dedup
-    ids = [f"id{i}" for i in range(6)]
-    lance.write_dataset(pa.table({"sample_id": ids, "image_sha256": [f"h{i}" for i in range(6)],
-                                  "source": ["s"] * 6}), path, max_rows_per_file=3)
-    covered = lance.dataset(path).version
-    spark.createDataFrame(
-        [(sid, "s", f"h{i}", i, ids[0] if i < 2 else sid, i != 1,
-          {0: "canonical", 1: "exact"}.get(i, "unique"), 2 if i < 2 else 1, "r")
-         for i, sid in enumerate(ids)], DEDUP_SCHEMA,
-    ).write.format("delta").save(dedup_path)
-    spark.sql(f"ALTER TABLE delta.`{dedup_path}` SET TBLPROPERTIES "
-              f"('{tables.DEDUP_CURATED_VERSION}' = '{covered}')")
-
-    def check(version) -> list[str]:
-        """The warnings an export of `version` logs."""
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="etl.tables"):
-            tables.non_canonical_ids(spark, cfg, version)
-        return [r.getMessage() for r in caplog.records if "dedup covers" in r.getMessage()]
-
-    assert {r.sample_id for r in tables.non_canonical_ids(spark, cfg, covered).collect()} == {
-        "id1"}
-
-    # A caption-like column (the caption stage's writer) and a schema-only column.
-    write_columns(spark, path, spark.createDataFrame(
-        [(sid, f"caption {sid}") for sid in ids], "sample_id string, caption_v string"))
-    lance.dataset(path).add_columns({"flag": "true"})
-    after_columns = lance.dataset(path).version
-    assert after_columns >= covered + 2
-    assert check(after_columns) == []
-
-    # Compaction rewrites fragments but not rows: the row comparison says so.
-    lance.dataset(path).optimize.compact_files(target_rows_per_fragment=100)
-    cov = tables.dedup_coverage(spark, cfg, lance.dataset(path).version)
-    assert (cov.uncovered, cov.removed, cov.stale) == (0, 0, False)
-
-    # One row appended, one changed (same id, other bytes), one deleted.
-    def append(sample_id, sha):
-        row = {"sample_id": sample_id, "image_sha256": sha, "source": "s", "flag": True}
-        schema = lance.dataset(path).schema
-        lance.write_dataset(pa.Table.from_pylist([row], schema=schema), path, mode="append")
-
-    append("id6", "h6")
-    lance.dataset(path).delete("sample_id IN ('id4', 'id5')")
-    append("id5", "h5-new")
-    (warning,) = check(lance.dataset(path).version)
-    assert f"dedup covers curated version {covered}" in warning
-    assert "2 row(s) were added or changed since" in warning and "1 removed" in warning
-
-
 # ------------------------------------------- a bug in prepare, then the retry
-
-
-def _photo_png(seed: int) -> bytes:
-    """A distinct 64x48 'photo' (a gradient with a seed-dependent pattern)."""
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(seed)
-    x = np.linspace(0, 255, 64)[None, :, None]
-    img = (x + rng.integers(0, 120, size=(48, 1, 3))) % 256
-    buf = io.BytesIO()
-    Image.fromarray(np.broadcast_to(img, (48, 64, 3)).astype("uint8")).save(buf, "PNG")
-    return buf.getvalue()
-
-
-def _cli(args: list[str]) -> tuple[int, str, str]:
-    """`lakeshard …` in-process (the shared Spark session): exit code, stdout, stderr."""
-    from etl.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(args)
-    return code, out.getvalue(), err.getvalue()
 
 
 GOOD = 6  # photos in the source; and one text file named .png
@@ -327,7 +82,7 @@ def faulted(spark, tmp_path_factory):
     pics = root / "pics"
     pics.mkdir()
     for i in range(GOOD):
-        (pics / f"p{i}.png").write_bytes(_photo_png(i))
+        (pics / f"p{i}.png").write_bytes(photo_png(i))
     (pics / "notes.png").write_bytes(b"a text file, not an image\n")
     conf = root / "conf.yaml"
     conf.write_text(json.dumps({
@@ -341,12 +96,9 @@ def faulted(spark, tmp_path_factory):
     # them. LAKESHARD_RAISE_AT does: the runner hands it to the workers through
     # SparkContext.environment (a new worker pool), and the point is in our own code
     # (_to_rgb), after Pillow decoded the image -- the bytes are fine.
-    os.environ[RAISE_ENV] = "prepare:convert"
-    try:
-        first = _cli(["--conf", str(conf), "curate", "--run-id", "faulted"])
-    finally:
-        del os.environ[RAISE_ENV]
-    second = _cli(["--conf", str(conf), "curate", "--run-id", "retried"])
+    with scoped_env({RAISE_ENV: "prepare:convert"}):
+        first = cli_in_process(["--conf", str(conf), "curate", "--run-id", "faulted"])
+    second = cli_in_process(["--conf", str(conf), "curate", "--run-id", "retried"])
     from etl.config import load_config
 
     return load_config(conf), first, second
@@ -474,7 +226,7 @@ def test_a_model_that_always_raises_fails_caption_on_its_budget(spark, faulted,
     env = spark.sparkContext.environment  # transformers copies remote code here
     env["HF_MODULES_CACHE"] = str(tmp_path_factory.mktemp("hf-modules"))
     try:
-        code, out, err = _cli(["--conf", str(conf), "caption", "--run-id", "raising"])
+        code, out, err = cli_in_process(["--conf", str(conf), "caption", "--run-id", "raising"])
     finally:
         env.pop("HF_MODULES_CACHE", None)
     assert code == 4, err[-3000:]
