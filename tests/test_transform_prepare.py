@@ -1,47 +1,27 @@
-"""Transforms on tiny frames built in the test."""
+"""etl.transforms.prepare on a few rows built in the test: every row kept with a status,
+the curated and rejects rows it splits into, the outcome counts (the run's accounting
+as data), and the failure examples a failed stage prints."""
 
 from __future__ import annotations
 
-import hashlib
 from datetime import datetime
 
-from conftest import jpeg_bytes, png_bytes
 from pyspark.sql import functions as F
+from support import jpeg_bytes, png_bytes
 
-from etl.config import PrepareConfig, SourceConfig
-from etl.schema import CURATED_COLUMNS, INGEST_SCHEMA, SAMPLE_ID_SEPARATOR
-from etl.sources import finish_ingest
+from etl.config import PrepareConfig
+from etl.schema import CURATED_COLUMNS, INGEST_SCHEMA
 from etl.transforms.prepare import (
     accepted_rows,
+    failure_examples,
     outcome_counts,
     prepare_images,
     rejected_rows,
 )
 
 
-def _expected_id(source: str, key: str) -> str:
-    return hashlib.sha256(f"{source}{SAMPLE_ID_SEPARATOR}{key}".encode()).hexdigest()[:32]
-
-
 def _ingest_rows(spark, rows):
     return spark.createDataFrame(rows, INGEST_SCHEMA)
-
-
-def test_finish_ingest_adds_stable_sample_id_and_default_license(spark):
-    raw = spark.createDataFrame(
-        [("a.jpg", "u", "cap", None, None, b"x", "ok", None),
-         ("b.jpg", "u", None, "CC-BY", None, b"y", "ok", None)],
-        "source_key string, source_uri string, caption_original string, license string, "
-        "metadata_json string, image_bytes binary, read_status string, read_reason string",
-    )
-    src = SourceConfig(name="web", kind="image_folder", path="/x", license="CC0")
-    out = {r.source_key: r for r in finish_ingest(raw, src).collect()}
-    assert out["a.jpg"].sample_id == _expected_id("web", "a.jpg")
-    assert out["b.jpg"].sample_id == _expected_id("web", "b.jpg")
-    assert out["a.jpg"].license == "CC0" and out["b.jpg"].license == "CC-BY"
-    assert out["a.jpg"].source == "web"
-    # Same key, other source: other id.
-    assert _expected_id("web2", "a.jpg") != out["a.jpg"].sample_id
 
 
 def _prepared(spark):
@@ -105,3 +85,29 @@ def test_outcome_counts_balance(spark):
         ("s2", "rejected", "missing_image", None): 1,
         ("s2", "rejected", "empty", None): 1,
     }
+
+
+def test_failure_examples_put_internal_errors_first_then_the_commonest():
+    def row(source, status, reason, count, key=None, detail=None, stage="prepare"):
+        return {"source": source, "stage": stage, "status": status, "reason": reason,
+                "filter_reason": None, "count": count,
+                "example": None if key is None else {"key": key, "detail": detail}}
+
+    outcome = [
+        row("s", "ok", None, 50),
+        row("s", "rejected", "empty", 2, key="e.png", detail=None),  # no detail: no colon
+        row("s", "rejected", "undecodable", 7, key="u.png", detail="not an image"),
+        row("t", "rejected", "undecodable", 7, key="v.png", detail="truncated"),
+        row("t", "rejected", "http_404", 9, key="https://x/a", detail="404", stage="fetch"),
+        row("t", "error", "internal_error", 1, key="i.png", detail="KeyError: 'x'"),
+        row("t", "rejected", "timeout", 30),  # no example: not shown
+    ]
+    assert failure_examples(outcome, 10) == (
+        "t i.png: prepare internal_error: KeyError: 'x'",
+        "t https://x/a: fetch http_404: 404",
+        "s u.png: prepare undecodable: not an image",  # same count: by source
+        "t v.png: prepare undecodable: truncated",
+        "s e.png: prepare empty",
+    )
+    assert failure_examples(outcome, 2) == failure_examples(outcome, 10)[:2]
+    assert failure_examples(outcome[:1], 3) == ()

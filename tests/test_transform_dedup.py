@@ -1,0 +1,81 @@
+"""etl.transforms.dedup on a few rows: the LSH masks worked out by hand, and the order
+that picks a cluster's canonical member (resolution, then source priority, then the
+earliest, the sample id breaking ties; Spark's null placement). Near pairs, components
+and whole plans: test_dedup.py; the driver's plan against Spark's: test_dedup_local.py."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import pytest
+
+from etl.transforms.dedup import canonical_order, lsh_masks
+from etl.transforms.dedup_local import canonical_key
+
+LOW, HIGH = (1 << 32) - 1, -(1 << 32)  # the low and the high 32 bits, as signed longs
+
+
+def test_lsh_masks_are_the_combinations_of_kept_blocks():
+    assert lsh_masks(0, 1) == [-1]  # no bit may differ: the whole hash is the key
+    assert lsh_masks(1, 2) == [LOW, HIGH]  # one of two halves kept
+    assert lsh_masks(0, 2) == [-1]  # both halves kept
+    q = [0xFFFF << (16 * i) for i in range(4)]  # 4 blocks of 16 bits, 2 may differ
+    signed = [m - (1 << 64) if m >= 1 << 63 else m for m in
+              (q[0] | q[1], q[0] | q[2], q[0] | q[3], q[1] | q[2], q[1] | q[3], q[2] | q[3])]
+    assert lsh_masks(2, 4) == signed
+    # 3 blocks of 64 bits: bounds at round(64/3) = 21 and round(128/3) = 43.
+    assert lsh_masks(2, 3) == [(1 << 21) - 1, ((1 << 22) - 1) << 21,
+                               (((1 << 21) - 1) << 43) - (1 << 64)]
+    for threshold, bands in ((1, 1), (-1, 2), (3, 65)):
+        with pytest.raises(ValueError, match="need 0 <= threshold < bands <= 64"):
+            lsh_masks(threshold, bands)
+
+
+ROWS = [  # sample_id, source, width, height, original_width, original_height, ingested day
+    ("big-late", "web", 64, 64, 400, 300, 9),
+    ("big-early", "web", 64, 64, 300, 400, 1),     # same original area: earlier wins
+    ("big-mirror", "mirror", 64, 64, 400, 300, 5),  # same area, the preferred source
+    ("small", "mirror", 64, 64, 100, 100, 1),
+    ("no-original", "mirror", 64, 64, None, None, 1),  # unknown size: last (nulls last)
+    ("same-a", "web", 32, 32, 100, 100, 1),        # as "small", a smaller stored image
+    ("tie-b", "other", 80, 80, 100, 100, 2),       # as "small", a bigger stored image;
+    ("tie-a", "other", 80, 80, 100, 100, 2),       # a full tie: the sample id decides
+]
+POLICY = ("resolution", "source_priority", "earliest")
+PRIORITY = ("mirror", "web")
+# By original area (desc), stored area (desc), source rank (mirror, web, others), day.
+EXPECTED = ["big-mirror", "big-early", "big-late", "tie-a", "tie-b", "small", "same-a",
+            "no-original"]
+
+
+def _frame(spark):
+    return spark.createDataFrame(
+        [(sid, src, w, h, ow, oh, datetime(2026, 1, day)) for sid, src, w, h, ow, oh, day
+         in ROWS],
+        "sample_id string, source string, width int, height int, original_width int, "
+        "original_height int, ingested_at timestamp")
+
+
+def test_canonical_order_ranks_by_resolution_source_and_age(spark):
+    got = [r.sample_id for r in _frame(spark).orderBy(*canonical_order(POLICY, PRIORITY))
+           .collect()]
+    assert got == EXPECTED
+    # Source first: every mirror row before every web row, the rest after.
+    by_source = [r.sample_id for r in _frame(spark).orderBy(
+        *canonical_order(("source_priority", "earliest"), PRIORITY)).collect()]
+    assert by_source == ["no-original", "small", "big-mirror", "big-early", "same-a",
+                         "big-late", "tie-a", "tie-b"]
+    with pytest.raises(ValueError, match="unknown dedup policy criterion 'newest'"):
+        canonical_order(("newest",), ())
+
+
+def test_the_drivers_canonical_key_sorts_as_spark_does(spark):
+    rows = [r.asDict() for r in _frame(spark).collect()]
+    for policy in (POLICY, ("source_priority", "earliest"), ("earliest", "resolution")):
+        spark_order = [r.sample_id for r in _frame(spark).orderBy(
+            *canonical_order(policy, PRIORITY)).collect()]
+        local_order = [r["sample_id"] for r in sorted(rows, key=canonical_key(policy,
+                                                                               PRIORITY))]
+        assert local_order == spark_order, policy
+    assert [r["sample_id"] for r in sorted(rows, key=canonical_key(POLICY, PRIORITY))] == (
+        EXPECTED)
