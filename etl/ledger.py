@@ -4,10 +4,13 @@ every run and its stages (and every table-changing command: `caption`, `dedup`,
 
 A stage's ``running`` event is appended when it starts and its ``ok``/``failed`` event
 when it ends (each with the whole row: counts, versions, timing); the latest event of a
-``(run_id, stage)`` (by ``recorded_at``) is its status -- :func:`etl.tables.latest_runs`,
-the ``runs`` SQL view. A run killed midway leaves ``running`` as the latest status; the
+``(run_id, stage)`` (by ``recorded_at``) is its status -- :func:`latest_runs`, the
+``runs`` SQL view. A run killed midway leaves ``running`` as the latest status; the
 next run, taking over the crashed run's stale lock, appends ``crashed`` events for
 them. The row with ``stage = "run"`` covers the whole run (its report path in ``note``).
+Every row is built by :func:`transition`: a stage's counts are its
+:class:`~etl.runtime.metrics.Metrics` in their flat form (``accepted``,
+``rejected:<reason>``, ``samples:<export>``).
 
 Events are appended with delta-rs, in this process: one small commit per transition,
 no Spark job and no MERGE, so a run's bookkeeping costs milliseconds however long the
@@ -23,6 +26,7 @@ import subprocess
 from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Row, SparkSession
 
@@ -31,11 +35,15 @@ from etl.config import Config
 from etl.schema import RUNS_SCHEMA
 from etl.schema import arrow_schema as schema_as_arrow
 
+if TYPE_CHECKING:
+    from etl.runtime.stage import StageResult
+
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "config_hash", "code_version", "arrow_schema", "append", "record", "mark_crashed",
-    "recent_runs", "recent_runs_local", "recorded_stages", "utcnow",
+    "config_hash", "code_version", "arrow_schema", "transition", "append", "record",
+    "mark_crashed", "latest_runs", "read_runs", "recent_runs", "recent_runs_local",
+    "recorded_stages", "utcnow",
 ]
 
 
@@ -71,6 +79,26 @@ def code_version() -> str:
         except (OSError, subprocess.SubprocessError):
             pass
     return ver
+
+
+def manifests_json(manifests: dict[str, dict]) -> str | None:
+    """Export manifests as the ledger keeps them (JSON, keys sorted), None for none."""
+    return json.dumps(manifests, sort_keys=True) if manifests else None
+
+
+def transition(base: dict, stage: str, status: str, started: datetime, *,
+               result: StageResult | None = None, **more: Any) -> dict:
+    """The ledger row of one transition: the run's identity (`base`: run id, config
+    hash, code version, host), the stage (``run`` for the whole run), its status and
+    start; for a stage that returned, its counts, table versions, export manifests and
+    note; then `more` (``ended_at``, ``seconds``, a ``note`` of its own, ...)."""
+    row = {**base, "stage": stage, "status": status, "started_at": started}
+    if result is not None:
+        row.update(inputs=result.inputs.as_map(), outputs=result.outputs.as_map(),
+                   table_versions=result.table_versions,
+                   export_manifests=manifests_json(result.manifests), note=result.note)
+    row.update(more)
+    return row
 
 
 @lru_cache(maxsize=1)
@@ -127,16 +155,44 @@ def append(path: str, rows: list[dict], spark: SparkSession | None = None) -> No
 
 def record(spark: SparkSession | None, path: str, rows: list[dict]) -> None:
     """Record ledger rows: each is an event appended to the table; the latest event of
-    a ``(run_id, stage)`` is its status (:func:`etl.tables.latest_runs`). `spark` is
+    a ``(run_id, stage)`` is its status (:func:`latest_runs`). `spark` is
     only used for a table delta-rs cannot write."""
     append(path, rows, spark)
+
+
+def latest_runs(events):
+    """The run ledger's status table from its events: the latest event of each
+    ``(run_id, stage)`` (the last appended; rows a MERGE-era ledger wrote have no
+    ``recorded_at`` and one row per key). A DataFrame in, a DataFrame out."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    if "recorded_at" not in events.columns:  # a ledger not migrated yet (read-only use)
+        events = events.withColumn("recorded_at", F.lit(None).cast("timestamp"))
+    order = Window.partitionBy("run_id", "stage").orderBy(
+        F.col("recorded_at").desc_nulls_last(),
+        (F.col("status") != "running").cast("int").desc(),  # a tie: the outcome wins
+    )
+    return (
+        events.withColumn("_latest", F.row_number().over(order))
+        .where("_latest = 1").drop("_latest")
+    )
+
+
+def read_runs(spark, path: str, *, latest: bool = True):
+    """The run ledger at `path`: the latest status of every run and stage (or, with
+    ``latest=False``, every event), or None when no run was recorded yet."""
+    events = tables.read_delta(spark, path)
+    if events is None or not latest:
+        return events
+    return latest_runs(events)
 
 
 def mark_crashed(spark: SparkSession, path: str, run_id: str, note: str) -> int:
     """Stages of `run_id` whose latest status is `running` get a `crashed` event;
     returns how many."""
 
-    latest = tables.read_runs(spark, path)
+    latest = read_runs(spark, path)
     if latest is None:
         return 0
     stale = latest.where((latest.run_id == run_id) & (latest.status == "running")).collect()
@@ -152,8 +208,7 @@ def recent_runs(spark: SparkSession, path: str, limit: int = 10) -> list[Row]:
     first, its stages in order."""
     from pyspark.sql import functions as F
 
-
-    df = tables.read_runs(spark, path)
+    df = read_runs(spark, path)
     if df is None:
         return []
     runs = (
@@ -233,7 +288,7 @@ def recorded_stages(spark: SparkSession, path: str, run_id: str) -> set[str]:
     a Databricks job, the next step on EMR -- keeps what its earlier tasks recorded."""
     rows = recent_runs_local(path, limit=1 << 30)
     if rows is None:  # a feature delta-rs does not read: ask Spark
-        df = tables.read_runs(spark, path)
+        df = read_runs(spark, path)
         rows = [] if df is None else [
             r.asDict() for r in df.where(df.run_id == run_id).select("run_id", "stage")
             .collect()]

@@ -62,8 +62,6 @@ __all__ = [
     "delta_rs_table",
     "delta_rs_storage",
     "delta_rs_unsupported",
-    "latest_runs",
-    "read_runs",
     "dedup_state",
     "dedup_params",
     "DedupCoverage",
@@ -336,34 +334,6 @@ def delta_version(spark, path: str) -> int | None:
     """The latest version of the Delta table at `path`, None if there is none."""
     meta = _delta_metadata(spark, path)
     return None if meta is None else meta[0]
-
-
-def latest_runs(events):
-    """The run ledger's status table from its events: the latest event of each
-    ``(run_id, stage)`` (the last appended; rows a MERGE-era ledger wrote have no
-    ``recorded_at`` and one row per key). A DataFrame in, a DataFrame out."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    if "recorded_at" not in events.columns:  # a ledger not migrated yet (read-only use)
-        events = events.withColumn("recorded_at", F.lit(None).cast("timestamp"))
-    order = Window.partitionBy("run_id", "stage").orderBy(
-        F.col("recorded_at").desc_nulls_last(),
-        (F.col("status") != "running").cast("int").desc(),  # a tie: the outcome wins
-    )
-    return (
-        events.withColumn("_latest", F.row_number().over(order))
-        .where("_latest = 1").drop("_latest")
-    )
-
-
-def read_runs(spark, path: str, *, latest: bool = True):
-    """The run ledger at `path`: the latest status of every run and stage (or, with
-    ``latest=False``, every event), or None when no run was recorded yet."""
-    events = read_delta(spark, path)
-    if events is None or not latest:
-        return events
-    return latest_runs(events)
 
 
 def dedup_state(spark, cfg: Config) -> dict[str, str] | None:

@@ -16,6 +16,7 @@ from support import JARS_DIR, cli_in_process, make_config, photo_png, scoped_env
 
 from etl import tables
 from etl.config import BudgetsConfig, ConfigError
+from etl.ledger import read_runs
 from etl.pipeline.budgets import check_budget
 from etl.runtime.stage import RowTally
 from udfs.faults import RAISE_ENV
@@ -126,7 +127,7 @@ def test_a_bug_in_prepare_is_internal_error_and_fails_curate_on_its_budget(spark
     assert "the next run retries these rows" in err
 
     paths = tables.layout(cfg)
-    ledger = {r["stage"]: r for r in tables.read_runs(spark, paths.runs)
+    ledger = {r["stage"]: r for r in read_runs(spark, paths.runs)
               .where("run_id = 'faulted'").collect()}
     assert {k: r["status"] for k, r in ledger.items()} == {
         "run": "failed", "curate": "failed", "dedup": "skipped", "caption": "skipped",
@@ -181,7 +182,7 @@ def test_the_next_run_retries_the_internal_errors(spark, faulted):
     manifest = spark.read.format("delta").load(paths.manifest)
     assert {r["status"] for r in manifest.where("reason IS NULL").collect()} == {"accepted"}
     assert manifest.where("status = 'accepted'").count() == GOOD
-    ledger = {r["stage"]: r["status"] for r in tables.read_runs(spark, paths.runs)
+    ledger = {r["stage"]: r["status"] for r in read_runs(spark, paths.runs)
               .where("run_id = 'retried'").collect()}
     assert ledger == {"run": "ok", "curate": "ok", "dedup": "skipped", "caption": "skipped",
                       "export": "skipped"}
@@ -248,7 +249,7 @@ def test_a_model_that_always_raises_fails_caption_on_its_budget(spark, faulted,
     from etl.jobs.caption import plan_caption
 
     assert plan_caption(load_config(conf), "broken").todo == GOOD
-    ledger = {r["stage"]: r for r in tables.read_runs(spark, tables.layout(cfg).runs)
+    ledger = {r["stage"]: r for r in read_runs(spark, tables.layout(cfg).runs)
               .where("run_id = 'raising'").collect()}
     assert (ledger["caption"]["status"], ledger["run"]["status"]) == ("failed", "failed")
     assert "run.budgets.failed_rate.caption" in ledger["caption"]["note"]

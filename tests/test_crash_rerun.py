@@ -21,6 +21,7 @@ import yaml
 from conftest import JARS_DIR, REPO
 
 from etl import tables
+from etl.ledger import latest_runs, read_runs
 
 pytestmark = pytest.mark.slow
 
@@ -134,8 +135,8 @@ def test_killed_runs_then_a_plain_rerun_match_an_uninterrupted_run(spark, tmp_pa
 
     # The ledger: the four killed runs are `crashed`, the last one `ok` (latest status
     # per run and stage; the `running` events before each kill stay in the event log).
-    events = tables.read_runs(spark, tables.layout(cfg).runs, latest=False)
-    ledger = tables.latest_runs(events)
+    events = read_runs(spark, tables.layout(cfg).runs, latest=False)
+    ledger = latest_runs(events)
     runs = {r.run_id: r.status for r in ledger.where("stage = 'run'").collect()}
     assert sorted(runs.values()) == ["crashed"] * len(KILL_POINTS) + ["ok"]
     assert ledger.where("status = 'running'").count() == 0

@@ -21,6 +21,7 @@ from etl.config import ConfigError
 from etl.lakehouse.features import ASPECT_BUCKETS, add_features
 from etl.lakehouse.indexes import ensure_scalar_indexes, indexed_columns, uses_index
 from etl.lakehouse.maintenance import compact, current_version, table_versions
+from etl.ledger import read_runs
 
 
 def _file_digests(path: str) -> dict[str, str]:
@@ -176,7 +177,7 @@ def test_table_changing_commands_take_the_lock_and_write_the_ledger(spark, tmp_p
     comp = run_command(cfg, "compact", run_id="compact-1")
     assert feats.detail("features").rows == 12 and comp.detail("compact").fragments_after == 1
     assert not os.path.exists(lock_path(cfg))
-    ledger = tables.read_runs(spark, tables.layout(cfg).runs)  # latest status
+    ledger = read_runs(spark, tables.layout(cfg).runs)  # latest status
     rows = {(r.run_id, r.stage): r for r in ledger.collect()}
     assert {k: r.status for k, r in rows.items()} == {
         ("feat-1", "run"): "ok", ("feat-1", "features"): "ok",

@@ -92,11 +92,11 @@ def test_each_transition_is_one_append_and_the_latest_event_is_the_status(spark,
     assert {h["operation"] for h in history} <= {"WRITE", "CREATE TABLE"}
     assert all(h.get("operationParameters", {}).get("mode", "Append") == "Append"
                for h in history)
-    events = tables.read_runs(spark, path, latest=False)
+    events = ledger.read_runs(spark, path, latest=False)
     assert events.count() == 3 + 2 + 2 + 3 + 2 + 2 + 2
 
     # The latest status of each run and stage; the killed run is still `running`.
-    latest = tables.read_runs(spark, path).collect()
+    latest = ledger.read_runs(spark, path).collect()
     assert _statuses(latest) == {
         ("r1-failed", "run"): "failed", ("r1-failed", "caption"): "skipped",
         ("r1-failed", "curate"): "ok", ("r1-failed", "dedup"): "failed",

@@ -17,6 +17,7 @@ from conftest import make_config
 from PIL import Image
 
 from etl import tables
+from etl.ledger import read_runs
 from etl.sample_sources import FOLDER_BAD, FOLDER_FLAGGED, FOLDER_PHOTOS, TABLE_PHOTOS
 
 pytestmark = pytest.mark.slow
@@ -202,7 +203,7 @@ def test_a_failing_stage_is_recorded_and_releases_the_lock(spark, finished_run):
     with pytest.raises(ConfigError, match="exports.bad.where"):
         run_pipeline(bad, only=("export",), run_id="failing-run")
     assert not os.path.exists(lock_path(cfg))
-    rows = {r["stage"]: r for r in tables.read_runs(spark, tables.layout(cfg).runs)
+    rows = {r["stage"]: r for r in read_runs(spark, tables.layout(cfg).runs)
             .where("run_id = 'failing-run'").collect()}
     assert {k: r["status"] for k, r in rows.items()} == {
         "run": "failed", "export": "failed", "curate": "skipped", "dedup": "skipped",

@@ -28,7 +28,7 @@ from etl import tables
 from etl.columns import caption_columns
 from etl.config import CaptionVersionConfig, Config
 from etl.errors import ConfigError
-from etl.runtime.stage import RowTally, RunContext, StageResult
+from etl.runtime.stage import Metrics, RowTally, RunContext, StageResult
 from etl.tiny_vlm import TINY_MODEL, ensure_tiny_vlm
 from etl.writers.lance import FRAGMENT_ID, ROW_ADDRESS
 from etl.writers.lance_columns import write_columns
@@ -427,7 +427,7 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     )
     return StageResult(
         inputs={"rows": res.table_rows, "todo": res.todo},
-        outputs={f"status:{k}": v for k, v in res.statuses.items()},
+        outputs=Metrics(by={"status": res.statuses}),
         table_versions={"lance:curated": res.version_after}, tally=tally, detail=res,
         note=f"{res.column}: untrained smoke-test model" if res.smoke_test_model else None,
     )

@@ -52,6 +52,7 @@ from etl.transforms.accounting import (
     accounting_rows,
     quiet_accounting,
     source_counts,
+    stage_metrics,
 )
 from etl.transforms.bronze import (
     CONTAINER_FAILURES,
@@ -638,27 +639,10 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     """ingest + prepare + write: sources -> Lance `curated` + Delta `rejects`; records
     the sources no longer list out of every table."""
     cur = curate(spark, cfg, ctx.run_id)
-    inputs: dict[str, int] = {"seen": sum(c.seen for c in cur.counts)}
-    outputs: dict[str, int] = {"accepted": 0, "rejected": 0, "flagged": 0, "removed": 0}
-    for c in cur.counts:
-        inputs[f"seen:{c.source}"] = c.seen
-        outputs["accepted"] += c.accepted
-        outputs["rejected"] += c.rejected
-        outputs["flagged"] += sum(c.filtered.values())
-        outputs["removed"] += sum(c.removed.values())
-        for reason, n in c.reasons.items():
-            outputs[f"rejected:{reason}"] = outputs.get(f"rejected:{reason}", 0) + n
-        for reason, n in c.filtered.items():
-            outputs[f"flagged:{reason}"] = outputs.get(f"flagged:{reason}", 0) + n
-        for reason, n in c.removed.items():
-            outputs[f"removed:{reason}"] = outputs.get(f"removed:{reason}", 0) + n
-        if c.removed:
-            outputs[f"removed_in:{c.source}"] = sum(c.removed.values())
-    errors = sum(c.internal_errors for c in cur.counts)
-    if errors:
-        outputs["internal_error"] = errors
+    inputs, outputs = stage_metrics(cur.counts)
     tally = RowTally(rows=inputs["seen"], ok=outputs["accepted"], failed=outputs["rejected"],
-                     internal_errors=errors, examples=cur.examples, failed_label="rejected")
+                     internal_errors=outputs.get("internal_error", 0), examples=cur.examples,
+                     failed_label="rejected")
     versions = {"lance:curated": cur.curated_version, **(cur.source_versions or {})}
     rejects_version = tables.delta_version(spark, cur.rejects_path)
     if rejects_version is not None:

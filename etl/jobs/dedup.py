@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config
-from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.stage import Metrics, RunContext, StageResult
 from etl.schema import DEDUP_SCHEMA
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, lsh_masks, plan_dedup
 from etl.transforms.dedup_local import plan_local, size_histogram, update_stats
@@ -361,12 +361,13 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     if not cfg.dedup.enabled and not ctx.option("dedup", "command"):
         return StageResult(note="disabled (dedup.enabled: false)")
     res = dedup(spark, cfg, ctx.run_id, full=ctx.option("dedup", "full", False))
-    outputs = {"changed": res.changed, "removed": res.removed, "clusters": res.clusters,
-               "near_pairs": res.pairs}
+    by: dict[str, dict[str, int]] = {}
     for c in res.counts:
         for key, value in vars(c).items():
             if isinstance(value, int) and key != "source":
-                outputs[f"{key}:{c.source}"] = value
+                by.setdefault(key, {})[c.source] = value
+    outputs = Metrics({"changed": res.changed, "removed": res.removed,
+                       "clusters": res.clusters, "near_pairs": res.pairs}, by=by)
     return StageResult(
         inputs={"new_rows": res.new_rows}, outputs=outputs,
         table_versions={"delta:dedup": res.version},

@@ -22,7 +22,7 @@ from etl.config import Config
 from etl.errors import ConfigError
 from etl.lakehouse.counts import manifest_counts
 from etl.lakehouse.derived import DerivedState
-from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.stage import Metrics, RunContext, StageResult
 from etl.schema import REMOVED
 from etl.transforms.bronze import taken_down_ids
 from etl.transforms.export import (
@@ -243,7 +243,7 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     """curated Lance table -> every (or the chosen) MDS export."""
     names = ctx.export_names if ctx.export_names is not None else tuple(cfg.exports)
     results, manifests = [], {}
-    inputs: dict[str, int] = {}
+    rows: dict[str, int] = {}
     outputs: dict[str, int] = {"samples": 0, "shards": 0, "bytes": 0}
     up_to_date = 0
     increments = []
@@ -267,11 +267,11 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
             "resumed_partitions": res.resumed_partitions,
             "removed": (manifest.get("removals") or {}).get("removed", 0),
         }
-        inputs[f"rows:{name}"] = res.samples
+        rows[name] = res.samples
         outputs["samples"] += res.samples
         outputs["shards"] += res.shards
         outputs["bytes"] += res.bytes
-        outputs[f"samples:{name}"] = res.samples
     note = "up to date" if names and up_to_date == len(names) else "; ".join(increments) or None
-    return StageResult(inputs=inputs, outputs=outputs, manifests=manifests, note=note,
-                       detail=results)
+    return StageResult(inputs=Metrics(by={"rows": rows}),
+                       outputs=Metrics(outputs, by={"samples": rows}), manifests=manifests,
+                       note=note, detail=results)

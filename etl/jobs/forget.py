@@ -50,7 +50,7 @@ from etl.lakehouse.maintenance import (
     table_versions,
 )
 from etl.runtime.faults import fault_point
-from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.stage import Metrics, RunContext, StageResult
 from etl.schema import TAKEDOWNS_SCHEMA, sample_id_of
 from etl.transforms.accounting import removal_rows
 from etl.transforms.bronze import (
@@ -481,12 +481,13 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     opts = ctx.options.get("forget", {})
     res = forget(spark, cfg, ctx.run_id, parse_request(opts),
                  dry_run=bool(opts.get("dry_run")))
-    outputs: dict[str, int] = {"matched": len(res.matched), "removed": res.removed,
-                               "removed:curated": res.removed_from("curated"),
-                               "removed:rejects": res.removed_from("rejects")}
+    removed_in: dict[str, int] = {}
     for c in res.counts:
-        key = f"removed_in:{c['source']}"
-        outputs[key] = outputs.get(key, 0) + c["count"]
+        removed_in[c["source"]] = removed_in.get(c["source"], 0) + c["count"]
+    outputs = Metrics({"matched": len(res.matched), "removed": res.removed}, by={
+        "removed": {"curated": res.removed_from("curated"),
+                    "rejects": res.removed_from("rejects")},
+        "removed_in": removed_in})
     versions: dict[str, int] = {}
     if res.curated_version is not None:
         versions["lance:curated"] = res.curated_version

@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from etl import tables
+from etl import ledger, tables
 from etl.config import Config
 from etl.writers.remote import filesystem
 
@@ -81,11 +81,11 @@ def register_ledger_views(spark: SparkSession, cfg: Config) -> list[str]:
     """`runs` (latest status per run and stage) and `run_events` (every event); no-op
     before the first run."""
     path = tables.layout(cfg).runs
-    events = tables.read_runs(spark, path, latest=False)
+    events = ledger.read_runs(spark, path, latest=False)
     if events is None:
         return []
     events.createOrReplaceTempView("run_events")
-    tables.latest_runs(events).createOrReplaceTempView("runs")
+    ledger.latest_runs(events).createOrReplaceTempView("runs")
     return ["runs", "run_events"]
 
 

@@ -21,7 +21,6 @@ and raises :class:`~etl.errors.BudgetExceededError` with the run's outcome.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -30,7 +29,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,7 +37,7 @@ from etl import ledger, tables
 from etl.config import Config
 from etl.errors import BudgetExceededError, ConfigError
 from etl.migrations import migrate
-from etl.pipeline.budgets import check_budget
+from etl.pipeline.budgets import BudgetBreach, check_budget
 from etl.pipeline.outcome import RunOutcome
 from etl.pipeline.preflight import check_run_id
 from etl.pipeline.stages import COMMANDS, STAGES, Stage
@@ -46,7 +45,7 @@ from etl.pipeline.summary import write_summary
 from etl.runtime.faults import arm, fault_point
 from etl.runtime.lock import RunLock
 from etl.runtime.progress import EventsFile, StageProgress, console_mode, event, say
-from etl.runtime.stage import RunContext
+from etl.runtime.stage import RunContext, StageResult
 from etl.writers.remote import is_remote
 from udfs.faults import RAISE_ENV
 
@@ -57,10 +56,6 @@ log = logging.getLogger(__name__)
 
 def new_run_id() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ") + "-" + uuid.uuid4().hex[:6]
-
-
-def _ledger_row(base: dict, stage: str, status: str, started, **more) -> dict:
-    return {**base, "stage": stage, "status": status, "started_at": started, **more}
 
 
 def run_pipeline(cfg: Config, *, only: Sequence[str] = (), skip: Sequence[str] = (),
@@ -143,11 +138,166 @@ def _forward_to_workers(sc) -> None:
         sc.environment.pop(RAISE_ENV, None)
 
 
-def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome, *,
-             summary: bool) -> None:
+@dataclass(frozen=True)
+class _Failure:
+    """How a stage failed: what the console, the events and the ledger say of it."""
+
+    message: str  # the exception, or the budget breach (the run's `failure`)
+    run_note: str  # the run's ledger note
+    console: str  # after "<stage>: FAILED "
+    row: dict  # the stage's failed ledger row
+    event: dict  # the stage_failed event's fields
+    end: dict = field(default_factory=dict)  # more of the run_end event's fields
+    report: bool = False  # a pipeline run still writes its report and summary.json
+
+
+class _Run:
+    """One run's transitions: every ledger row is built (:func:`etl.ledger.transition`)
+    and recorded here, with its event and console line."""
+
+    def __init__(self, spark, cfg: Config, ctx: RunContext, out: RunOutcome,
+                 stages: list[Stage], summary: bool) -> None:
+        self.spark, self.cfg, self.ctx, self.out = spark, cfg, ctx, out
+        self.names = [s.name for s in stages]
+        self.summary = summary
+        self.runs_path = tables.layout(cfg).runs
+        self.base = {"run_id": ctx.run_id, "config_hash": ledger.config_hash(cfg),
+                     "code_version": ledger.code_version(), "host": socket.gethostname()}
+        self.started = ledger.utcnow()
+        self.t0 = time.monotonic()
+
+    def row(self, stage: str, status: str, started=None, **more) -> dict:
+        return ledger.transition(self.base, stage, status, started or self.started, **more)
+
+    def record(self, rows: list[dict]) -> None:
+        ledger.record(self.spark, self.runs_path, rows)
+
+    def ended(self) -> dict:
+        return {"ended_at": ledger.utcnow(), "seconds": time.monotonic() - self.t0}
+
+    def begin(self, first: str) -> datetime:
+        """The run's ``running`` row, ``skipped`` rows of the stages not selected, and
+        the first stage's ``running`` row, in one write; returns that stage's start."""
+        run_id = self.ctx.run_id
+        event("run_start", stages=self.names, **self.base)
+        if self.out.recovered_run:
+            n = ledger.mark_crashed(self.spark, self.runs_path, self.out.recovered_run,
+                                    f"stale lock taken over by run {run_id}")
+            log.warning("run %s had crashed (%d ledger row(s) marked crashed); its lock "
+                        "was stale and is now this run's", self.out.recovered_run, n)
+            event("recovered_crashed_run", run_id=run_id, crashed_run=self.out.recovered_run)
+        self.started = ledger.utcnow()
+        self.t0 = time.monotonic()
+        started = ledger.utcnow()
+        skipped = [s for s in STAGES.names() if s not in self.names] if self.summary else []
+        if skipped and self.ctx.continued:
+            # One run across processes (a multi-task job passing its run id to each
+            # task): "not selected" only for stages no earlier task of this run
+            # recorded, so the ledger shows one run with every stage's own outcome.
+            recorded = ledger.recorded_stages(self.spark, self.runs_path, run_id)
+            skipped = [s for s in skipped if s not in recorded]
+        self.record([self.row("run", "running"),
+                     *[self.row(s, "skipped", note="not selected") for s in skipped],
+                     self.row(first, "running", started)])
+        return started
+
+    def stage_done(self, stage: str, result: StageResult, secs: float, started,
+                   following: str | None) -> datetime:
+        """The stage's ``ok`` row with the next stage's ``running`` row; returns the
+        next stage's start."""
+        rows = [self.row(stage, "ok", started, result=result, ended_at=ledger.utcnow(),
+                         seconds=secs)]
+        nxt = ledger.utcnow()
+        if following is not None:
+            rows.append(self.row(following, "running", nxt))
+        self.record(rows)
+        event("stage_end", run_id=self.ctx.run_id, stage=stage, seconds=round(secs, 2),
+              inputs=result.inputs.as_map(), outputs=result.outputs.as_map(),
+              table_versions=result.table_versions, note=result.note)
+        counts = ", ".join(f"{k}={v}" for k, v in result.outputs.items())
+        say(f"{stage}: done in {secs:.1f} s" + (f" ({counts})" if counts else ""))
+        return nxt
+
+    def fail(self, stage: str, failure: _Failure) -> None:
+        """The one failure path: the stage's failed row, the stages after it (not run)
+        and the run's failed row; its events and console line; the report of a
+        pipeline run that failed on a budget."""
+        run_id, out = self.ctx.run_id, self.out
+        out.failed_stage, out.failure = stage, failure.message
+        event("stage_failed", run_id=run_id, stage=stage, **failure.event)
+        say(f"{stage}: FAILED {failure.console}")
+        later = self.names[self.names.index(stage) + 1:]
+        self.record([
+            failure.row,
+            *[self.row(s, "skipped", note=f"not run: stage {stage} failed") for s in later],
+            self.row("run", "failed", **self.ended(), note=failure.run_note),
+        ])
+        if failure.report and self.summary:
+            try:
+                _write_report(self.spark, self.cfg, out)
+            except Exception as exc:  # noqa: BLE001 -- the budget is the failure to tell
+                log.warning("the report of failed run %s could not be written: %s: %s",
+                            run_id, type(exc).__name__, exc)
+        event("run_end", run_id=run_id, status="failed", failed_stage=stage, **failure.end,
+              seconds=round(time.monotonic() - self.t0, 2),
+              **({"report": out.report} if failure.report else {}))
+
+    def finish(self) -> None:
+        """The report and summary.json of a pipeline run, then the run's ``ok`` row."""
+        out = self.out
+        if self.summary:
+            try:
+                _write_report(self.spark, self.cfg, out)
+            except Exception as exc:  # noqa: BLE001 -- summary.json or its upload: recorded
+                out.report_error = out.report_error or f"{type(exc).__name__}: {exc}"[:2000]
+                log.error("the summary of run %s could not be written (the run's stages "
+                          "committed; the run is not failed): %s", out.run_id,
+                          out.report_error, exc_info=True)
+        versions, manifests = {}, {}
+        for res in out.results.values():
+            versions.update(res.table_versions)
+            manifests.update(res.manifests)
+        self.record([self.row(
+            "run", "ok", **self.ended(), table_versions=versions,
+            export_manifests=ledger.manifests_json(manifests),
+            note=out.report if out.report_error is None else
+            f"report failed: {out.report_error}"[:1000],
+        )])
+        event("run_end", run_id=out.run_id, status="ok",
+              seconds=round(time.monotonic() - self.t0, 2), report=out.report,
+              report_error=out.report_error)
+
+
+def _crashed(run: _Run, stage: str, exc: BaseException, secs: float, started) -> _Failure:
+    msg = f"{type(exc).__name__}: {exc}"[:2000]
+    return _Failure(
+        message=msg, run_note=f"stage {stage} failed",
+        console=f"after {secs:.1f} s: {msg.splitlines()[0][:300]}",
+        row=run.row(stage, "failed", started, ended_at=ledger.utcnow(), seconds=secs,
+                    note=msg),
+        event={"seconds": secs, "error": msg})
+
+
+def _over_budget(run: _Run, stage: str, result: StageResult, breach: BudgetBreach,
+                 secs: float, started) -> _Failure:
+    return _Failure(
+        message=breach.message,
+        run_note=f"stage {stage} is over its failure budget {breach.budget}",
+        console=f"in {secs:.1f} s: over its failure budget {breach.budget}",
+        row=run.row(stage, "failed", started, result=result, ended_at=ledger.utcnow(),
+                    seconds=secs, note=breach.message[:2000]),
+        event={"seconds": round(secs, 2), "budget": breach.budget,
+               "tally": asdict(result.tally), "error": breach.message,
+               "inputs": result.inputs.as_map(), "outputs": result.outputs.as_map(),
+               "table_versions": result.table_versions},
+        end={"budget": breach.budget}, report=True)
+
+
+def _start_spark(cfg: Config, out: RunOutcome):
+    """Spark for the run (test faults forwarded, the console's log level), and the
+    migration of tables an older version wrote."""
     from etl.session import get_spark
 
-    run_id, names = ctx.run_id, [s.name for s in stages]
     fault_point("run:locked")
     spark = get_spark(cfg)
     sc = spark.sparkContext
@@ -155,143 +305,54 @@ def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome,
     if console_mode().spark_log_level:
         sc.setLogLevel(console_mode().spark_log_level)
     out.migrated = migrate(spark, cfg)
-    runs_path = tables.layout(cfg).runs
-    base = {"run_id": run_id, "config_hash": ledger.config_hash(cfg),
-            "code_version": ledger.code_version(), "host": socket.gethostname()}
-    event("run_start", stages=names, **base)
-    if out.recovered_run:
-        n = ledger.mark_crashed(spark, runs_path, out.recovered_run,
-                                f"stale lock taken over by run {run_id}")
-        log.warning("run %s had crashed (%d ledger row(s) marked crashed); its lock "
-                    "was stale and is now this run's", out.recovered_run, n)
-        event("recovered_crashed_run", run_id=run_id, crashed_run=out.recovered_run)
-    run_started = ledger.utcnow()
-    t_run = time.monotonic()
-    # One write per step: a stage's `running` row goes in with the previous row.
-    started = ledger.utcnow()
-    skipped = [s for s in STAGES.names() if s not in names] if summary else []
-    if skipped and ctx.continued:
-        # One run across processes (a multi-task job passing its run id to each task):
-        # "not selected" only for stages no earlier task of this run recorded, so the
-        # ledger shows one run with every stage's own outcome.
-        recorded = ledger.recorded_stages(spark, runs_path, run_id)
-        skipped = [s for s in skipped if s not in recorded]
-    ledger.record(spark, runs_path, [
-        _ledger_row(base, "run", "running", run_started),
-        *[_ledger_row(base, s, "skipped", run_started, note="not selected")
-          for s in skipped],
-        _ledger_row(base, stages[0].name, "running", started),
-    ])
+    return spark
 
-    def failed(stage: Stage, note: str, rows: list[dict]) -> None:
-        """The failed stage's row, the stages after it (not run) and the run's row."""
-        later = names[names.index(stage.name) + 1:]
-        ledger.record(spark, runs_path, [
-            *rows,
-            *[_ledger_row(base, s, "skipped", run_started,
-                          note=f"not run: stage {stage.name} failed") for s in later],
-            _ledger_row(base, "run", "failed", run_started, ended_at=ledger.utcnow(),
-                        seconds=time.monotonic() - t_run, note=note),
-        ])
 
+def _call_stage(spark, cfg: Config, ctx: RunContext, stage: Stage) -> StageResult:
+    """One stage in its Spark job group, with progress."""
+    sc = spark.sparkContext
+    sc.setJobGroup(f"lakeshard-{ctx.run_id}-{stage.name}",
+                   f"lakeshard {stage.name} (run {ctx.run_id})")
+    event("stage_start", run_id=ctx.run_id, stage=stage.name)
+    say(f"{stage.name}: started")
+    try:
+        fault_point(f"{stage.name}:start")
+        with StageProgress(spark, ctx.run_id, stage.name,
+                           interval_s=cfg.run.progress_interval_s):
+            return stage.load()(spark, cfg, ctx)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+        sc.setJobDescription(None)
+
+
+def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome, *,
+             summary: bool) -> None:
+    spark = _start_spark(cfg, out)
+    run = _Run(spark, cfg, ctx, out, stages, summary)
+    started = run.begin(stages[0].name)
     for i, stage in enumerate(stages):
         t0 = time.monotonic()
-        sc.setJobGroup(f"lakeshard-{run_id}-{stage.name}",
-                       f"lakeshard {stage.name} (run {run_id})")
-        event("stage_start", run_id=run_id, stage=stage.name)
-        say(f"{stage.name}: started")
         try:
-            fault_point(f"{stage.name}:start")
-            with StageProgress(spark, run_id, stage.name,
-                               interval_s=cfg.run.progress_interval_s):
-                result = stage.load()(spark, cfg, ctx)
+            result = _call_stage(spark, cfg, ctx, stage)
         except BaseException as exc:
-            secs = time.monotonic() - t0
-            msg = f"{type(exc).__name__}: {exc}"[:2000]
-            out.failed_stage, out.failure = stage.name, msg
-            event("stage_failed", run_id=run_id, stage=stage.name, seconds=secs, error=msg)
-            say(f"{stage.name}: FAILED after {secs:.1f} s: {msg.splitlines()[0][:300]}")
-            failed(stage, f"stage {stage.name} failed", [_ledger_row(
-                base, stage.name, "failed", started, ended_at=ledger.utcnow(),
-                seconds=secs, note=msg)])
-            event("run_end", run_id=run_id, status="failed", failed_stage=stage.name,
-                  seconds=round(time.monotonic() - t_run, 2))
+            run.fail(stage.name, _crashed(run, stage.name, exc, time.monotonic() - t0,
+                                          started))
             exc.add_note(
-                f"lakeshard: run {run_id} failed in stage {stage.name}. It is recorded in "
-                f"the run ledger (`lakeshard runs --stages`); its events: {out.events}")
+                f"lakeshard: run {ctx.run_id} failed in stage {stage.name}. It is recorded "
+                f"in the run ledger (`lakeshard runs --stages`); its events: {out.events}")
             raise
-        finally:
-            sc.setLocalProperty("spark.jobGroup.id", None)
-            sc.setJobDescription(None)
         secs = time.monotonic() - t0
-        ctx.results[stage.name] = result
-        out.results[stage.name] = result
+        ctx.results[stage.name] = out.results[stage.name] = result
         out.seconds[stage.name] = secs
         breach = check_budget(stage.name, result.tally, cfg.run.budgets)
-        row = _ledger_row(
-            base, stage.name, "failed" if breach else "ok", started,
-            ended_at=ledger.utcnow(), seconds=secs,
-            inputs=result.inputs, outputs=result.outputs,
-            table_versions=result.table_versions,
-            export_manifests=json.dumps(result.manifests, sort_keys=True)
-            if result.manifests else None,
-            note=breach.message[:2000] if breach else result.note,
-        )
         if breach:
-            out.failed_stage, out.failure = stage.name, breach.message
-            event("stage_failed", run_id=run_id, stage=stage.name, seconds=round(secs, 2),
-                  budget=breach.budget, tally=asdict(result.tally), error=breach.message,
-                  inputs=result.inputs, outputs=result.outputs,
-                  table_versions=result.table_versions)
-            say(f"{stage.name}: FAILED in {secs:.1f} s: over its failure budget "
-                f"{breach.budget}")
-            failed(stage, f"stage {stage.name} is over its failure budget {breach.budget}",
-                   [row])
-            if summary:
-                try:
-                    _write_report(spark, cfg, out)
-                except Exception as exc:  # noqa: BLE001 -- the budget is the failure to tell
-                    log.warning("the report of failed run %s could not be written: %s: %s",
-                                run_id, type(exc).__name__, exc)
-            event("run_end", run_id=run_id, status="failed", failed_stage=stage.name,
-                  budget=breach.budget, seconds=round(time.monotonic() - t_run, 2),
-                  report=out.report)
+            run.fail(stage.name, _over_budget(run, stage.name, result, breach, secs, started))
             raise BudgetExceededError(breach.message, stage=stage.name, budget=breach.budget,
                                       outcome=out)
-        rows = [row]
-        if i + 1 < len(stages):
-            started = ledger.utcnow()
-            rows.append(_ledger_row(base, stages[i + 1].name, "running", started))
-        ledger.record(spark, runs_path, rows)
-        event("stage_end", run_id=run_id, stage=stage.name, seconds=round(secs, 2),
-              inputs=result.inputs, outputs=result.outputs,
-              table_versions=result.table_versions, note=result.note)
-        counts = ", ".join(f"{k}={v}" for k, v in result.outputs.items() if ":" not in k)
-        say(f"{stage.name}: done in {secs:.1f} s" + (f" ({counts})" if counts else ""))
+        started = run.stage_done(stage.name, result, secs, started,
+                                 stages[i + 1].name if i + 1 < len(stages) else None)
         fault_point(f"{stage.name}:done")
-
-    if summary:
-        try:
-            _write_report(spark, cfg, out)
-        except Exception as exc:  # noqa: BLE001 -- summary.json or its upload: recorded
-            out.report_error = out.report_error or f"{type(exc).__name__}: {exc}"[:2000]
-            log.error("the summary of run %s could not be written (the run's stages "
-                      "committed; the run is not failed): %s", run_id, out.report_error,
-                      exc_info=True)
-    versions, manifests = {}, {}
-    for res in out.results.values():
-        versions.update(res.table_versions)
-        manifests.update(res.manifests)
-    ledger.record(spark, runs_path, [_ledger_row(
-        base, "run", "ok", run_started, ended_at=ledger.utcnow(),
-        seconds=time.monotonic() - t_run, table_versions=versions,
-        export_manifests=json.dumps(manifests, sort_keys=True) if manifests else None,
-        note=out.report if out.report_error is None else
-        f"report failed: {out.report_error}"[:1000],
-    )])
-    event("run_end", run_id=run_id, status="ok",
-          seconds=round(time.monotonic() - t_run, 2), report=out.report,
-          report_error=out.report_error)
+    run.finish()
 
 
 def _upload_events(local: str, final: str) -> None:

@@ -12,8 +12,18 @@ from etl.jobs.curate import CurateResult
 from etl.jobs.dedup import format_dedup
 from etl.pipeline.outcome import RunOutcome
 from etl.pipeline.stages import STAGES
+from etl.runtime.metrics import Metrics
+from etl.transforms.accounting import ALL_SOURCES, SourceCounts
 
 __all__ = ["format_summary", "format_outcome", "format_runs", "write_summary"]
+
+
+def _count_line(c: SourceCounts, *, reasons: bool = True) -> str:
+    """One row of the accounting table (the total row without reasons)."""
+    r = c.row()
+    line = (f"{r['source']:<20} {r['seen']:>7} {r['accepted']:>9} {r['rejected']:>9} "
+            f"{r['errors']:>7} {r['flagged']:>8} {r['unchanged']:>10} {r['removed']:>8}")
+    return line + (f"  {r['reasons'] or '-'}" if reasons else "")
 
 
 def format_summary(run_id: str, cur: CurateResult | None, exports: list) -> str:
@@ -26,23 +36,9 @@ def format_summary(run_id: str, cur: CurateResult | None, exports: list) -> str:
             "reasons (rejected; flagged; removed)"
         )
         lines += ["", header, "-" * len(header)]
-        for c in cur.counts:
-            why = ", ".join(f"{k}={v}" for k, v in
-                            {**c.reasons, **c.filtered, **c.removed}.items()) or "-"
-            lines.append(
-                f"{c.source:<20} {c.seen:>7} {c.accepted:>9} {c.rejected:>9} "
-                f"{c.internal_errors:>7} {sum(c.filtered.values()):>8} {c.unchanged:>10} "
-                f"{sum(c.removed.values()):>8}  {why}"
-            )
-        tot = [sum(getattr(c, f) for c in cur.counts)
-               for f in ("seen", "accepted", "rejected", "internal_errors")]
-        flagged = sum(sum(c.filtered.values()) for c in cur.counts)
-        same = sum(c.unchanged for c in cur.counts)
-        gone = sum(sum(c.removed.values()) for c in cur.counts)
-        lines.append(
-            f"{'total':<20} {tot[0]:>7} {tot[1]:>9} {tot[2]:>9} {tot[3]:>7} {flagged:>8} "
-            f"{same:>10} {gone:>8}"
-        )
+        total = sum(cur.counts, SourceCounts(ALL_SOURCES, 0, 0, 0))
+        lines += [_count_line(c) for c in cur.counts]
+        lines.append(_count_line(total, reasons=False))
         for c in cur.counts:
             if c.removal_scan and c.removal_scan.startswith("deferred"):
                 lines.append(f"removals of {c.source} {c.removal_scan}")
@@ -53,10 +49,11 @@ def format_summary(run_id: str, cur: CurateResult | None, exports: list) -> str:
                 f"removed rows' bytes: held by curated versions before {p.version} until "
                 f"{p.due:%Y-%m-%d %H:%M} UTC (lakehouse.removal_retention_hours)"
             )
-        if tot[3]:
-            lines += ["", f"errors          : {tot[3]} record(s) failed on an exception in "
-                      "lakeshard's own code, not on bad data (rejects table, reason "
-                      "internal_error, detail = the exception); the next run retries them"]
+        if total.internal_errors:
+            lines += ["", f"errors          : {total.internal_errors} record(s) failed on "
+                      "an exception in lakeshard's own code, not on bad data (rejects "
+                      "table, reason internal_error, detail = the exception); the next run "
+                      "retries them"]
             lines += [f"  {e}" for e in cur.examples if " internal_error" in e]
         lines += [
             "",
@@ -145,9 +142,9 @@ def write_summary(out: RunOutcome, out_dir: str) -> str:
 
 
 def _counts(m: dict | None) -> str:
-    if not m:
-        return "-"
-    return ", ".join(f"{k}={v}" for k, v in sorted(m.items()) if ":" not in k) or "-"
+    """A ledger row's counts: its totals (the breakdowns are in the ledger)."""
+    totals = Metrics.from_map(m)
+    return ", ".join(f"{k}={v}" for k, v in sorted(totals.items())) or "-"
 
 
 def format_runs(rows: list, path: str, *, stages: bool = False) -> str:

@@ -7,7 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RowTally", "StageResult", "RunContext"]
+from etl.runtime.metrics import Metrics
+
+__all__ = ["RowTally", "StageResult", "RunContext", "Metrics"]
 
 
 @dataclass(frozen=True)
@@ -27,9 +29,10 @@ class RowTally:
 
 @dataclass
 class StageResult:
-    # Counts by status: what the stage read, and what it produced.
-    inputs: dict[str, int] = field(default_factory=dict)
-    outputs: dict[str, int] = field(default_factory=dict)
+    # What the stage read, and what it produced: totals, and breakdowns by reason,
+    # source or export (a plain dict is taken as totals).
+    inputs: Metrics = field(default_factory=Metrics)
+    outputs: Metrics = field(default_factory=Metrics)
     # Table -> version this stage left ("lance:curated": 4, "delta:rejects": 2).
     table_versions: dict[str, int] = field(default_factory=dict)
     # Export name -> its manifest summary (path, samples, checksum, table version).
@@ -39,6 +42,10 @@ class StageResult:
     tally: RowTally | None = None
     # The stage's own result object (CurateResult, [ExportResult], …), for callers.
     detail: Any = None
+
+    def __post_init__(self) -> None:
+        self.inputs = Metrics.of(self.inputs)
+        self.outputs = Metrics.of(self.outputs)
 
 
 @dataclass

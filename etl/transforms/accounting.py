@@ -9,21 +9,37 @@ own code failed on the record) is not a rejection of the data: it is counted apa
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from etl.runtime.metrics import Metrics
 from etl.schema import ACCOUNTING_SCHEMA, REMOVED, arrow_schema
 from udfs.outcomes import INTERNAL_ERROR
 
-__all__ = ["SourceCounts", "source_counts", "accounting_rows", "unchanged_rows",
-           "quiet_accounting", "removal_counts", "removal_rows"]
+__all__ = ["SourceCounts", "ALL_SOURCES", "source_counts", "stage_metrics", "accounting_rows",
+           "unchanged_rows", "quiet_accounting", "removal_counts", "removal_rows"]
+
+
+def _added(a: Mapping[str, int], b: Mapping[str, int]) -> dict[str, int]:
+    out = dict(a)
+    for key, n in b.items():
+        out[key] = out.get(key, 0) + n
+    return dict(sorted(out.items()))
 
 
 @dataclass(frozen=True)
 class SourceCounts:
+    """Where one source's records ended in one run -- the per-source accounting row
+    that the console, summary.json, the report and the ledger render.
+
+    A tally: ``a + b`` adds every count (the reasons key by key; of two sources, the
+    total's ``source`` is :data:`ALL_SOURCES`), so ``sum(counts)`` is the run's total
+    row; :meth:`to_json` / :meth:`from_json` round-trip it (the entries of
+    ``summary.json``'s ``curate.counts``)."""
+
     source: str
     seen: int
     accepted: int
@@ -41,6 +57,73 @@ class SourceCounts:
     removal_scan: str | None = None
     # Records lakeshard's own code failed on (reason internal_error; not in `rejected`).
     internal_errors: int = 0
+
+    @property
+    def flagged(self) -> int:
+        """Accepted records a light filter flagged (every filter reason)."""
+        return sum(self.filtered.values())
+
+    @property
+    def removed_total(self) -> int:
+        """Records that left every table this run (every reason)."""
+        return sum(self.removed.values())
+
+    def why(self) -> str:
+        """The reasons as one line: rejected, then flagged, then removed (``k=v, ...``)."""
+        return ", ".join(f"{k}={v}" for k, v in
+                         {**self.reasons, **self.filtered, **self.removed}.items())
+
+    def row(self) -> dict[str, int | str]:
+        """The row the console table and the report's run table show."""
+        return {"source": self.source, "seen": self.seen, "accepted": self.accepted,
+                "rejected": self.rejected, "errors": self.internal_errors,
+                "flagged": self.flagged, "unchanged": self.unchanged,
+                "removed": self.removed_total, "reasons": self.why()}
+
+    def __add__(self, other: SourceCounts) -> SourceCounts:
+        if not isinstance(other, SourceCounts):
+            return NotImplemented
+        same = self.source == other.source
+        return SourceCounts(
+            self.source if same else ALL_SOURCES, self.seen + other.seen,
+            self.accepted + other.accepted, self.rejected + other.rejected,
+            _added(self.reasons, other.reasons), _added(self.filtered, other.filtered),
+            self.unchanged + other.unchanged, _added(self.removed, other.removed),
+            self.removal_scan if same and self.removal_scan == other.removal_scan else None,
+            internal_errors=self.internal_errors + other.internal_errors,
+        )
+
+    def __radd__(self, other: object) -> SourceCounts:
+        if other == 0:  # sum()'s start
+            return self
+        return NotImplemented
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> SourceCounts:
+        return cls(**{f.name: data[f.name] for f in fields(cls) if f.name in data})
+
+
+# The `source` of a sum of several sources' counts.
+ALL_SOURCES = "total"
+
+
+def stage_metrics(counts: Sequence[SourceCounts]) -> tuple[Metrics, Metrics]:
+    """Curate's inputs and outputs for the run ledger and the console: records seen
+    (and per source); accepted, rejected, flagged, removed (and by reason; removed per
+    source), internal errors when there were any."""
+    total = sum(counts, SourceCounts(ALL_SOURCES, 0, 0, 0))
+    inputs = Metrics({"seen": total.seen}, by={"seen": {c.source: c.seen for c in counts}})
+    outs = {"accepted": total.accepted, "rejected": total.rejected,
+            "flagged": total.flagged, "removed": total.removed_total}
+    if total.internal_errors:
+        outs["internal_error"] = total.internal_errors
+    outputs = Metrics(outs, by={
+        "rejected": total.reasons, "flagged": total.filtered, "removed": total.removed,
+        "removed_in": {c.source: c.removed_total for c in counts if c.removed}})
+    return inputs, outputs
 
 
 def source_counts(outcome: Sequence[Mapping], sources: Sequence[str],
