@@ -132,3 +132,169 @@ def test_jpeg_audit_on_the_sample_source(tmp_path):
     assert (report / "audit.png").stat().st_size > 1000
     assert (report / "audit.json").exists()
     assert _lakeshard("jpeg-audit", "--conf", str(conf), "--source", "nope").returncode == 2
+
+
+# ------------------------------------------------------------ commands declared once
+# Each command's flags are the fields of its typed options (etl/runtime/options.py),
+# declared beside its stage; the parser is built from the stage registry.
+
+# The flags every command took before the parser was built from the registry (from the
+# hand-written parser), written out here so that a lost or renamed flag fails.
+_FLAGS = {
+    "run": {"--export", "--only", "--skip", "--run-id"},
+    "curate": {"--run-id"},
+    "export": {"--name", "--run-id"},
+    "dedup": {"--full", "--run-id"},
+    "caption": {"--version", "--force", "--limit", "--run-id"},
+    "latents": {"--encoder", "--recompute", "--drop", "--run-id"},
+    "features": {"action", "names", "--only-missing", "--run-id"},
+    "embed": {"--all", "--run-id"},
+    "compact": {"--run-id"},
+    "forget": {"--sample-id", "--key", "--url", "--image-sha256", "--file", "--by",
+               "--reason", "--request-id", "--dry-run", "--run-id"},
+    "runs": {"--limit", "--stages"},
+    "verify-export": {"name"},
+    "samples": set(),
+    "jpeg-audit": {"--source", "--sample", "--generations"},
+    "sql": {"query", "--limit", "--no-truncate"},
+    "search": {"query", "-k", "--where"},
+    "versions": set(),
+}
+
+
+def _subparsers():
+    import argparse
+
+    from etl.cli import build_parser
+
+    (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return sub
+
+
+def test_every_command_keeps_its_flags_and_the_registry_is_the_source():
+    from etl.pipeline.stages import COMMANDS, STAGES
+
+    sub = _subparsers()
+    assert list(sub.choices) == list(_FLAGS)  # the order `lakeshard --help` lists them in
+    for name, p in sub.choices.items():
+        shown = {s for a in p._actions if a.help != "==SUPPRESS==" and a.dest != "help"
+                 for s in (a.option_strings or [a.dest])}
+        assert shown == _FLAGS[name], name
+    # A registered stage's one-line description is its command's --help line.
+    help_lines = {a.dest: a.help for a in sub._choices_actions}
+    for stage in (*STAGES, *COMMANDS):
+        assert help_lines[stage.name] == stage.description
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["dedup"], ("etl.jobs.dedup", "DedupOptions", {"full": False})),
+    (["dedup", "--full"], ("etl.jobs.dedup", "DedupOptions", {"full": True})),
+    (["caption", "--version", "v2", "--force", "--limit", "3"],
+     ("etl.jobs.caption", "CaptionOptions", {"version": "v2", "force": True, "limit": 3})),
+    (["latents", "--encoder", "t5", "--drop"],
+     ("etl.jobs.latents", "LatentsOptions", {"encoder": "t5", "recompute": False,
+                                             "drop": True})),
+    (["features", "add", "megapixels", "aspect", "--only-missing"],
+     ("etl.jobs.lakehouse", "FeaturesOptions",
+      {"action": "add", "names": ("megapixels", "aspect"), "only_missing": True})),
+    (["features", "list"], ("etl.jobs.lakehouse", "FeaturesOptions",
+                            {"action": "list", "names": (), "only_missing": False})),
+    (["embed", "--all"], ("etl.jobs.lakehouse", "EmbedOptions", {"all": True})),
+    (["forget", "--sample-id", "1" * 32, "--key", "p:a.jpg", "--url", "u1", "--url", "u2",
+      "--image-sha256", "ab" * 32, "--file", "ids.txt", "--by", "dpo", "--reason", "why",
+      "--request-id", "T-1", "--dry-run"],
+     ("etl.jobs.forget", "ForgetOptions",
+      {"sample_ids": ("1" * 32,), "keys": ("p:a.jpg",), "urls": ("u1", "u2"),
+       "hashes": ("ab" * 32,), "file": "ids.txt", "by": "dpo", "reason": "why",
+       "request_id": "T-1", "dry_run": True})),
+    (["run", "--only", "curate", "--only", "dedup", "--skip", "export", "--export", "x"],
+     ("etl.cli", "RunOptions", {"only": ("curate", "dedup"), "skip": ("export",),
+                                "export": ("x",)})),
+    (["export", "--name", "a", "--name", "b"], ("etl.cli", "ExportOptions",
+                                               {"names": ("a", "b")})),
+    (["runs"], ("etl.cli", "RunsOptions", {"limit": 10, "stages": False})),
+    (["jpeg-audit", "--source", "pics"],
+     ("etl.cli", "JpegAuditOptions", {"source": "pics", "sample": 50, "generations": 5})),
+    (["sql", "SELECT 1", "--limit", "5", "--no-truncate"],
+     ("etl.cli", "SqlOptions", {"query": "SELECT 1", "limit": 5, "no_truncate": True})),
+    (["search", "a red bus", "-k", "3", "--where", "keep"],
+     ("etl.cli", "SearchOptions", {"query": "a red bus", "k": 3, "where": "keep"})),
+    (["verify-export", "default"], ("etl.cli", "VerifyExportOptions", {"name": "default"})),
+])
+def test_the_command_line_becomes_the_commands_typed_options(argv, expected):
+    from dataclasses import asdict
+    from importlib import import_module
+
+    from etl.cli import parse
+
+    module, cls, fields = expected
+    _, command, options = parse(argv)
+    assert command.name == argv[0]
+    assert type(options) is getattr(import_module(module), cls)
+    assert asdict(options) == fields
+
+
+@pytest.mark.parametrize("argv", [
+    ["caption", "--limit", "0"],  # >= 1
+    ["latents", "--encoder", "t5", "--recompute", "--drop"],  # one or the other
+    ["latents"],  # --encoder is required
+    ["forget", "--url", "u"],  # who and why are required
+    ["features", "remove"],  # list | add
+    ["dedup", "--fulll"],  # argparse refuses a misspelt flag
+    ["runs", "--run-id", "r"],  # a command that only reads takes no run id
+])
+def test_a_bad_command_line_exits_2(argv, capsys):
+    from etl.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and "usage: lakeshard" in capsys.readouterr().err
+
+
+def test_a_misspelt_option_key_is_an_error_before_any_work(tmp_path):
+    from conftest import make_config
+
+    from etl.jobs.caption import CaptionOptions
+    from etl.pipeline.runner import run_command
+
+    cfg = make_config(tmp_path / "root")
+    with pytest.raises(TypeError, match=r"DedupOptions: unknown option\(s\) 'ful' "
+                       r"\(known: full\)"):
+        run_command(cfg, "dedup", {"ful": True})
+    with pytest.raises(TypeError, match="takes DedupOptions"):
+        run_command(cfg, "dedup", CaptionOptions(force=True))
+    with pytest.raises(TypeError, match="stage 'compact' takes no options"):
+        run_command(cfg, "compact", {"all": True})
+    assert not (tmp_path / "root").exists()  # no lock, no ledger, no Spark
+
+
+def test_a_run_context_holds_typed_options_only():
+    from etl.jobs.caption import CaptionOptions
+    from etl.jobs.dedup import DedupOptions
+    from etl.runtime.stage import RunContext
+
+    ctx = RunContext(run_id="r", options=(DedupOptions(full=True),))
+    assert ctx.options_for(DedupOptions).full is True
+    # A stage the run gave nothing gets its defaults (a `lakeshard run` captions the
+    # default version of rows lacking it).
+    assert ctx.options_for(CaptionOptions) == CaptionOptions(None, False, None)
+    with pytest.raises(AttributeError):
+        ctx.options_for(DedupOptions).ful  # noqa: B018  (a misspelt field)
+    with pytest.raises(TypeError, match="is not a typed options object"):
+        RunContext(run_id="r", options=({"dedup": {"full": True}},))
+    with pytest.raises(TypeError, match="holds one twice"):
+        RunContext(run_id="r", options=(DedupOptions(), DedupOptions(full=True)))
+    with pytest.raises(TypeError, match="frozen dataclass"):
+        ctx.options_for(dict)
+
+
+def test_options_from_a_mapping_names_unknown_keys_and_keeps_tuples():
+    from etl.jobs.forget import ForgetOptions
+    from etl.runtime.options import flag, options_from
+
+    opts = options_from(ForgetOptions, {"urls": ["a", "b"], "by": "x", "reason": "y"})
+    assert opts.urls == ("a", "b") and opts.sample_ids == () and opts.dry_run is False
+    with pytest.raises(TypeError, match=r"unknown option\(s\) 'url', 'why'"):
+        options_from(ForgetOptions, {"url": ["a"], "why": "y"})
+    with pytest.raises(TypeError, match="default is a tuple"):
+        flag([], "a list default would be shared between instances")

@@ -28,6 +28,7 @@ from etl import tables
 from etl.columns import caption_columns
 from etl.config import CaptionVersionConfig, Config
 from etl.errors import ConfigError
+from etl.runtime.options import flag, positive
 from etl.runtime.stage import Metrics, RowTally, RunContext, StageResult
 from etl.tiny_vlm import TINY_MODEL, ensure_tiny_vlm
 from etl.writers.lance import FRAGMENT_ID, ROW_ADDRESS
@@ -44,8 +45,10 @@ __all__ = [
     "caption",
     "format_caption",
     "write_caption_report",
+    "CaptionOptions",
     "stage",
     "check",
+    "render",
 ]
 
 log = logging.getLogger(__name__)
@@ -404,6 +407,17 @@ def _failure_examples(r: CaptionResult, n: int) -> tuple[str, ...]:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class CaptionOptions:
+    """`lakeshard caption`'s flags (a `lakeshard run` captions the default version)."""
+
+    version: str | None = flag(
+        None, "caption version under `caption.versions` (default: caption.default)")
+    force: bool = flag(
+        False, "recaption every selected row, not only those lacking the version")
+    limit: int | None = flag(None, "caption at most N rows", type=positive)
+
+
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     """A caption version (the default one, or the command's) for rows lacking it.
 
@@ -413,10 +427,8 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     retries the ``failed`` rows."""
     if not cfg.caption.versions:
         return StageResult(note="no caption versions configured")
-    name = ctx.option("caption", "version")
-    force = ctx.option("caption", "force", False)
-    limit = ctx.option("caption", "limit")
-    res = caption(spark, cfg, name, force=force, limit=limit)
+    opts = ctx.options_for(CaptionOptions)
+    res = caption(spark, cfg, opts.version, force=opts.force, limit=opts.limit)
     if res.todo == 0:
         return StageResult(note="up to date", inputs={"rows": res.table_rows}, detail=res)
     tally = RowTally(
@@ -438,8 +450,19 @@ def check(cfg: Config, ctx: RunContext) -> None:
     for `lakeshard caption`, also the table and the rows to do."""
     if not cfg.caption.versions:
         return
-    name = ctx.option("caption", "version")
-    if ctx.option("caption", "command", False):
-        plan_caption(cfg, name, force=ctx.option("caption", "force", False))
+    opts = ctx.options_for(CaptionOptions)
+    name = opts.version
+    if ctx.command:
+        plan_caption(cfg, name, force=opts.force)
     else:
         caption_spec(cfg, cfg.caption.version(name))
+
+
+def render(cfg: Config, opts: CaptionOptions, result: StageResult) -> str:
+    """What `lakeshard caption` prints -- and the version's caption report, written here
+    (``<root>/reports/caption-…``) so that the line naming it is true."""
+    if result.detail is None:  # no caption versions configured
+        return f"caption: {result.note}"
+    text = format_caption(result.detail)
+    report = write_caption_report(cfg, result.detail)
+    return f"{text}\nreport            : {report}" if report else text

@@ -20,13 +20,17 @@ from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config
+from etl.runtime.options import flag
 from etl.runtime.stage import Metrics, RunContext, StageResult
 from etl.schema import DEDUP_SCHEMA
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, lsh_masks, plan_dedup
 from etl.transforms.dedup_local import plan_local, size_histogram, update_stats
 from etl.writers.delta import append_rows, merge_dedup, set_properties
 
-__all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "check"]
+__all__ = [
+    "SourceDedup", "DedupResult", "dedup", "format_dedup", "DedupOptions", "stage", "check",
+    "render",
+]
 
 log = logging.getLogger(__name__)
 
@@ -356,11 +360,18 @@ def format_dedup(res: DedupResult) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class DedupOptions:
+    """`lakeshard dedup`'s flags."""
+
+    full: bool = flag(False, "recompare every row (default: new rows against everything)")
+
+
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     """exact + near duplicates of the curated table -> Delta `dedup` (new rows only)."""
-    if not cfg.dedup.enabled and not ctx.option("dedup", "command"):
+    if not cfg.dedup.enabled and not ctx.command:
         return StageResult(note="disabled (dedup.enabled: false)")
-    res = dedup(spark, cfg, ctx.run_id, full=ctx.option("dedup", "full", False))
+    res = dedup(spark, cfg, ctx.run_id, full=ctx.options_for(DedupOptions).full)
     by: dict[str, dict[str, int]] = {}
     for c in res.counts:
         for key, value in vars(c).items():
@@ -377,5 +388,10 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
 
 def check(cfg: Config, ctx: RunContext) -> None:
     """Before Spark, for `lakeshard dedup`: there is a curated table to dedup."""
-    if ctx.option("dedup", "command", False):
+    if ctx.command:
         tables.open_curated(cfg)
+
+
+def render(cfg: Config, opts: DedupOptions, result: StageResult) -> str:
+    """What `lakeshard dedup` prints."""
+    return format_dedup(result.detail)

@@ -31,9 +31,11 @@ import logging
 import os
 import re
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -50,6 +52,7 @@ from etl.lakehouse.maintenance import (
     table_versions,
 )
 from etl.runtime.faults import fault_point
+from etl.runtime.options import flag, options_from
 from etl.runtime.stage import Metrics, RunContext, StageResult
 from etl.schema import TAKEDOWNS_SCHEMA, sample_id_of
 from etl.transforms.accounting import removal_rows
@@ -74,8 +77,10 @@ __all__ = [
     "parse_request",
     "forget",
     "format_forget",
+    "ForgetOptions",
     "stage",
     "check",
+    "render",
 ]
 
 log = logging.getLogger(__name__)
@@ -201,24 +206,26 @@ def _read_file(path: str) -> list[Identifier]:
     return out
 
 
-def parse_request(options: dict) -> TakedownRequest:
-    """The request a `lakeshard forget` names (ctx options): every identifier checked,
-    before Spark starts."""
+def parse_request(options: ForgetOptions | Mapping[str, Any]) -> TakedownRequest:
+    """The request a `lakeshard forget` names (its options, or a mapping of their fields):
+    every identifier checked, before Spark starts."""
+    if not isinstance(options, ForgetOptions):
+        options = options_from(ForgetOptions, options)
     ids: list[Identifier] = []
-    for opt, kind in (("sample_ids", "sample-id"), ("keys", "key"), ("urls", "url"),
-                      ("hashes", "image-sha256")):
-        for raw in options.get(opt) or ():
+    for values, kind in ((options.sample_ids, "sample-id"), (options.keys, "key"),
+                         (options.urls, "url"), (options.hashes, "image-sha256")):
+        for raw in values:
             ids.append(parse_identifier(kind, raw, f"forget --{kind}"))
-    if options.get("file"):
-        ids += _read_file(options["file"])
+    if options.file:
+        ids += _read_file(options.file)
     if not ids:
         raise ConfigError("forget: name at least one record (--sample-id, --key, --url, "
                           "--image-sha256 or --file)")
-    by, why = (options.get("by") or "").strip(), (options.get("reason") or "").strip()
+    by, why = (options.by or "").strip(), (options.reason or "").strip()
     if not by or not why:
         raise ConfigError("forget: --by (who asked) and --reason (why) are recorded with "
                           "the request and are required")
-    request_id = options.get("request_id")
+    request_id = options.request_id
     if request_id is not None and not _REQUEST_ID.fullmatch(request_id):
         raise ConfigError(f"forget --request-id: {request_id!r} is not a valid id "
                           "(letters, digits and . _ : / # -, up to 200)")
@@ -227,7 +234,7 @@ def parse_request(options: dict) -> TakedownRequest:
 
 def check(cfg: Config, ctx: RunContext) -> None:
     """Before Spark: the request parses (identifiers, who, why)."""
-    parse_request(ctx.options.get("forget", {}))
+    parse_request(ctx.options_for(ForgetOptions))
 
 
 # ------------------------------------------------------------------------------- job
@@ -476,11 +483,32 @@ def format_forget(res: ForgetResult) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class ForgetOptions:
+    """`lakeshard forget`'s flags: the identifiers of a takedown request, who asked and
+    why."""
+
+    sample_ids: tuple[str, ...] = flag((), "a record's sample id (repeatable)",
+                                       name="--sample-id", metavar="ID")
+    keys: tuple[str, ...] = flag(
+        (), "a record's key in a source, e.g. photos:2024/a.jpg (repeatable)",
+        name="--key", metavar="SOURCE:KEY")
+    urls: tuple[str, ...] = flag((), "the image's URL or file URI (repeatable)", name="--url")
+    hashes: tuple[str, ...] = flag(
+        (), "sha256 of the image file, or of the stored JPEG (repeatable)",
+        name="--image-sha256", metavar="HASH")
+    file: str | None = flag(None, "more identifiers, one `KIND VALUE` a line")
+    by: str | None = flag(None, "who asked (recorded with the request)", required=True)
+    reason: str | None = flag(None, "why (recorded with the request)", required=True)
+    request_id: str | None = flag(
+        None, "the request's id, e.g. a ticket number (default: the run id)")
+    dry_run: bool = flag(False, "list what the request matches; change nothing")
+
+
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     """A takedown request out of every table (see the module docstring)."""
-    opts = ctx.options.get("forget", {})
-    res = forget(spark, cfg, ctx.run_id, parse_request(opts),
-                 dry_run=bool(opts.get("dry_run")))
+    opts = ctx.options_for(ForgetOptions)
+    res = forget(spark, cfg, ctx.run_id, parse_request(opts), dry_run=opts.dry_run)
     removed_in: dict[str, int] = {}
     for c in res.counts:
         removed_in[c["source"]] = removed_in.get(c["source"], 0) + c["count"]
@@ -500,3 +528,8 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
                 f"{res.purge.due:%Y-%m-%d %H:%M} UTC")
     return StageResult(inputs={"identifiers": res.identifiers}, outputs=outputs,
                        table_versions=versions, note=note, detail=res)
+
+
+def render(cfg: Config, opts: ForgetOptions, result: StageResult) -> str:
+    """What `lakeshard forget` prints."""
+    return format_forget(result.detail)

@@ -6,6 +6,8 @@ Each runs under the run lock and writes the ledger like any stage of `lakeshard 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pyspark.sql import SparkSession
 
 from etl import tables
@@ -15,16 +17,35 @@ from etl.lakehouse.embeddings import embed_captions
 from etl.lakehouse.features import add_features, feature
 from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.lakehouse.maintenance import compact
+from etl.runtime.options import flag
 from etl.runtime.stage import RunContext, StageResult
 
 __all__ = [
-    "check_features", "require_curated", "features_stage", "embed_stage", "compact_stage",
+    "FeaturesOptions", "EmbedOptions", "check_features", "require_curated", "features_stage",
+    "embed_stage", "compact_stage", "render_features", "render_embed", "render_compact",
 ]
+
+
+@dataclass(frozen=True)
+class FeaturesOptions:
+    """`lakeshard features list | add NAME…`: the stage is `add`; `list` only reads."""
+
+    action: str = flag("add", positional=True, choices=("list", "add"))
+    names: tuple[str, ...] = flag((), "feature names (see `features list`)", positional=True,
+                                  nargs="*")
+    only_missing: bool = flag(False, "only rows without a value")
+
+
+@dataclass(frozen=True)
+class EmbedOptions:
+    """`lakeshard embed`'s flags."""
+
+    all: bool = flag(False, "re-embed every caption, not only new")
 
 
 def check_features(cfg: Config, ctx: RunContext) -> None:
     """Before Spark: at least one known feature, and a curated table to add it to."""
-    names = ctx.option("features", "names") or []
+    names = ctx.options_for(FeaturesOptions).names
     if not names:
         raise ConfigError("features add: name at least one feature")
     for name in names:
@@ -33,15 +54,16 @@ def check_features(cfg: Config, ctx: RunContext) -> None:
 
 
 def features_stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
-    res = add_features(spark, tables.layout(cfg).curated, list(ctx.option("features", "names")),
-                       only_missing=ctx.option("features", "only_missing", False))
+    opts = ctx.options_for(FeaturesOptions)
+    res = add_features(spark, tables.layout(cfg).curated, list(opts.names),
+                       only_missing=opts.only_missing)
     return StageResult(outputs={"rows": res.rows, "bytes": res.bytes_written},
                        table_versions={"lance:curated": res.version}, detail=res)
 
 
 def embed_stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     res = embed_captions(spark, tables.layout(cfg).curated, cfg.lakehouse.embedding,
-                         only_missing=not ctx.option("embed", "all", False))
+                         only_missing=not ctx.options_for(EmbedOptions).all)
     return StageResult(outputs={"rows": res.rows, "bytes": res.bytes_written},
                        table_versions={"lance:curated": res.version}, detail=res)
 
@@ -60,3 +82,34 @@ def compact_stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageRes
 def require_curated(cfg: Config, ctx: RunContext) -> None:
     """Before Spark: the curated table exists."""
     tables.open_curated(cfg)
+
+
+def render_features(cfg: Config, opts: FeaturesOptions, result: StageResult) -> str:
+    """What `lakeshard features add` prints."""
+    r = result.detail
+    return (
+        f"{', '.join(r.names)}: {r.rows} rows -> version {r.version}; "
+        f"wrote {r.bytes_written} bytes = {r.ratio:.5f} of the table's {r.table_bytes} "
+        f"bytes; image data files {'unchanged' if r.image_files_unchanged else 'CHANGED'}"
+    )
+
+
+def render_embed(cfg: Config, opts: EmbedOptions, result: StageResult) -> str:
+    """What `lakeshard embed` prints."""
+    r = result.detail
+    return (
+        f"{cfg.lakehouse.embedding.column}: embedded {r.rows} captions in {r.fragments} "
+        f"fragment(s), {r.bytes_written} bytes written; vector index "
+        f"{r.index_type or 'none'}; version {r.version}"
+    )
+
+
+def render_compact(cfg: Config, opts: None, result: StageResult) -> str:
+    """What `lakeshard compact` prints."""
+    r = result.detail
+    return (
+        f"{tables.layout(cfg).curated}: {r.fragments_before} -> {r.fragments_after} "
+        f"fragment(s) ({r.fragments_rewritten} rewritten); version {r.version_before} -> "
+        f"{r.version_after}; removed {r.versions_removed} old version(s), "
+        f"{r.bytes_removed} bytes; oldest readable version {r.oldest_version}"
+    )

@@ -36,6 +36,7 @@ from etl import tables
 from etl.columns import LATENT_META, latent_columns, table_latents
 from etl.config import Config, LatentEncoderConfig
 from etl.errors import ConfigError
+from etl.runtime.options import flag
 from etl.runtime.stage import RunContext, StageResult
 from etl.writers.lance import FRAGMENT_ID
 from etl.writers.lance_columns import drop_columns, ensure_columns, write_columns
@@ -54,8 +55,10 @@ __all__ = [
     "compute_latents",
     "drop_latents",
     "format_latents",
+    "LatentsOptions",
     "stage",
     "check",
+    "render",
 ]
 
 log = logging.getLogger(__name__)
@@ -262,15 +265,26 @@ def format_latents(res: LatentsResult) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class LatentsOptions:
+    """`lakeshard latents`'s flags: compute (or recompute) one encoder's latents, or drop
+    its columns."""
+
+    encoder: str | None = flag(None, "encoder name under `latents.encoders`", required=True)
+    recompute: bool = flag(False, "replace existing latents of this encoder", group="what")
+    drop: bool = flag(False, "drop this encoder's columns", group="what")
+
+
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     """`lakeshard latents --encoder NAME [--recompute | --drop]`."""
-    name = ctx.option("latents", "encoder")
-    if ctx.option("latents", "drop", False):
+    opts = ctx.options_for(LatentsOptions)
+    name = opts.encoder
+    if opts.drop:
         version, columns = drop_latents(cfg, name)
         return StageResult(outputs={"dropped_columns": len(columns)},
                            table_versions={"lance:curated": version},
                            detail=(version, columns))
-    res = compute_latents(spark, cfg, name, recompute=ctx.option("latents", "recompute", False))
+    res = compute_latents(spark, cfg, name, recompute=opts.recompute)
     return StageResult(
         inputs={"rows": res.captions[0].rows if res.captions else 0},
         outputs={"encoded": res.computed, "bytes": res.bytes_written},
@@ -281,7 +295,18 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
 def check(cfg: Config, ctx: RunContext) -> None:
     """Before Spark: the encoder is configured; to compute, the table, its caption
     columns and the model folder are there."""
-    name = ctx.option("latents", "encoder")
+    opts = ctx.options_for(LatentsOptions)
+    name = opts.encoder
     cfg.latents.encoder(name)
-    if not ctx.option("latents", "drop", False):
+    if not opts.drop:
         _check(cfg, name, tables.open_curated(cfg).schema)
+
+
+def render(cfg: Config, opts: LatentsOptions, result: StageResult) -> str:
+    """What `lakeshard latents` prints: the latents computed, or the columns dropped."""
+    if not opts.drop:
+        return format_latents(result.detail)
+    version, columns = result.detail
+    if not columns:
+        return f"latents {opts.encoder}: none in the curated table; nothing dropped"
+    return f"latents {opts.encoder}: dropped {', '.join(columns)} (version {version})"

@@ -72,13 +72,16 @@ def run_pipeline(cfg: Config, *, only: Sequence[str] = (), skip: Sequence[str] =
                       summary=True)
 
 
-def run_command(cfg: Config, name: str, options: dict[str, Any] | None = None, *,
+def run_command(cfg: Config, name: str, options: Any = None, *,
                 run_id: str | None = None) -> RunOutcome:
     """One table-changing command (`caption`, `dedup`, `latents`, `features`, `embed`,
-    `compact`) as a run of one stage: the same lock, ledger and progress."""
+    `compact`, `forget`) as a run of one stage: the same lock, ledger and progress.
+    `options`: the stage's typed options, or a mapping of their fields (an unknown key
+    is a TypeError), or None for the defaults."""
     stage = STAGES.get(name) if name in STAGES.names() else COMMANDS.get(name)
-    return run_stages(cfg, [stage], run_id=run_id,
-                      options={name: {"command": True, **(options or {})}})
+    opts = stage.make_options(options)
+    return run_stages(cfg, [stage], run_id=run_id, command=True,
+                      options=() if opts is None else (opts,))
 
 
 def run_stages(
@@ -87,7 +90,8 @@ def run_stages(
     *,
     run_id: str | None = None,
     export_names: tuple[str, ...] | None = None,
-    options: dict[str, dict[str, Any]] | None = None,
+    options: tuple[Any, ...] = (),
+    command: bool = False,
     summary: bool = False,
 ) -> RunOutcome:
     """Run `stages` in order; everything that can be checked is, before Spark.
@@ -100,7 +104,7 @@ def run_stages(
     check_run_id(run_id)
     names = [s.name for s in stages]
     ctx = RunContext(run_id=run_id or new_run_id(), export_names=export_names,
-                     options=dict(options or {}), continued=run_id is not None)
+                     options=options, continued=run_id is not None, command=command)
     for stage in stages:
         check = stage.load_check()
         if check is not None:

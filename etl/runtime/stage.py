@@ -5,11 +5,14 @@ ledger rows, timings, progress and the report around every stage."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from etl.runtime.metrics import Metrics
+from etl.runtime.options import flags, is_options
 
 __all__ = ["RowTally", "StageResult", "RunContext", "Metrics"]
+
+_O = TypeVar("_O")
 
 
 @dataclass(frozen=True)
@@ -55,11 +58,30 @@ class RunContext:
     export_names: tuple[str, ...] | None = None
     # The results of the stages before this one in this run.
     results: dict[str, StageResult] = field(default_factory=dict)
-    # A command's own arguments (`lakeshard caption --version v --force`): stage -> dict.
-    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # A command's own arguments (`lakeshard caption --version v --force`), each a typed
+    # options object (:mod:`etl.runtime.options`); a stage without one gets its defaults.
+    options: tuple[Any, ...] = ()
     # The run id was given (``--run-id``): this process may continue a run that earlier
     # processes (the job's previous tasks) recorded in the ledger.
     continued: bool = False
+    # The run is one command (`lakeshard dedup`), not a stage of `lakeshard run`.
+    command: bool = False
 
-    def option(self, stage: str, name: str, default: Any = None) -> Any:
-        return self.options.get(stage, {}).get(name, default)
+    def __post_init__(self) -> None:
+        self.options = tuple(self.options)
+        kinds = [type(o) for o in self.options]
+        for opts in self.options:
+            if not is_options(opts):
+                raise TypeError(f"RunContext options: {opts!r} is not a typed options "
+                                "object (a frozen dataclass, etl.runtime.options)")
+        if len(set(kinds)) != len(kinds):
+            raise TypeError("RunContext options: "
+                            f"{', '.join(k.__name__ for k in kinds)} holds one twice")
+
+    def options_for(self, cls: type[_O]) -> _O:
+        """The options of type `cls` this run was given, else `cls`'s defaults."""
+        flags(cls)  # a frozen options dataclass, or TypeError
+        for opts in self.options:
+            if type(opts) is cls:
+                return opts
+        return cls()
