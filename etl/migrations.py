@@ -33,6 +33,7 @@ import logging
 
 from etl import tables
 from etl.config import Config
+from etl.lakehouse.dedup_table import DedupTable
 from etl.writers.remote import read_file, write_file
 
 __all__ = ["LAYOUT_VERSION", "CURATED_RENAMES", "migrate"]
@@ -83,7 +84,7 @@ def _rename_dedup_column(spark, cfg: Config) -> str | None:
     table = tables.read_delta(spark, path)
     if table is None or "phash" not in table.columns or "dhash" in table.columns:
         return None
-    props = tables.dedup_state(spark, cfg) or {}
+    props = DedupTable(spark, cfg).state() or {}
     (
         table.withColumnRenamed("phash", "dhash")
         .write.format("delta").mode("overwrite").option("overwriteSchema", "true")

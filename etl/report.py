@@ -39,6 +39,7 @@ from PIL import Image
 from etl import tables
 from etl.config import Config
 from etl.lakehouse.counts import delta_counts, lance_counts
+from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["write_report", "caption_versions", "dedup_summary", "DedupSummary"]
@@ -73,7 +74,7 @@ class DedupSummary:
 
     table_version: int | None  # Delta version read
     covered_version: int | None  # curated version dedup last ran over
-    coverage: Any  # etl.tables.DedupCoverage at the curated table's current version
+    coverage: Any  # etl.lakehouse.dedup_table.DedupCoverage at the curated table's current version
     clusters: int  # clusters of 2+ rows
     rows_in_clusters: int
     # Per source: rows, canonical, exact, near, unique, exact_rate, near_rate.
@@ -98,8 +99,9 @@ def dedup_summary(spark, cfg: Config, curated_version: int | None) -> DedupSumma
     table = tables.read_delta(spark, path)
     if table is None:
         return None
-    state = tables.dedup_state(spark, cfg) or {}
-    stats = tables.dedup_stats(spark, path, state, tables.dedup_params(cfg))
+    dedup_table = DedupTable(spark, cfg)
+    state = dedup_table.state() or {}
+    stats = dedup_table.stats(state)
     if stats is not None:
         counts = stats["by"]
         sizes = {int(k): n for k, n in stats["sizes"].items()}
@@ -140,8 +142,8 @@ def dedup_summary(spark, cfg: Config, curated_version: int | None) -> DedupSumma
             mine = sorted((m.asDict() for m in members if m["dup_cluster_id"] == cid),
                           key=lambda m: (not m["is_canonical"], m["dup_kind"], m["sample_id"]))
             sheet.append(mine[:_SHEET_MEMBERS])
-    covered = state.get(tables.DEDUP_CURATED_VERSION)
-    coverage = (tables.dedup_coverage(spark, cfg, curated_version)
+    covered = state.get(DEDUP_CURATED_VERSION)
+    coverage = (dedup_table.coverage(curated_version)
                 if curated_version is not None else None)
     return DedupSummary(
         table_version=tables.delta_version(spark, path),

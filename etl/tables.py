@@ -19,10 +19,6 @@ the root's scheme (Spark's connector reads them), Lance tables and exports are h
 out as ``s3://`` (what pylance and boto3 speak). :func:`use_storage` points this
 process's S3 clients at the root's store; every helper here that hands out a path under
 a root calls it first.
-
-The dedup table's state (the settings and curated version it covers, in its Delta
-properties), whether it still covers the curated table's rows, and the set of rows
-exports leave out are here too: curate, export, the report and the SQL views read them.
 """
 
 from __future__ import annotations
@@ -37,8 +33,6 @@ from etl.errors import TableMissingError
 
 __all__ = [
     "CURATED",
-    "row_layout",
-    "deleted_rows",
     "delta_exists",
     "MANIFEST",
     "REJECTS",
@@ -46,9 +40,6 @@ __all__ = [
     "DEDUP",
     "RUNS",
     "TAKEDOWNS",
-    "DEDUP_PARAMS",
-    "DEDUP_CURATED_VERSION",
-    "DEDUP_STATS",
     "Layout",
     "layout",
     "use_storage",
@@ -59,14 +50,10 @@ __all__ = [
     "open_curated",
     "read_delta",
     "delta_version",
+    "delta_properties",
     "delta_rs_table",
     "delta_rs_storage",
     "delta_rs_unsupported",
-    "dedup_state",
-    "dedup_params",
-    "DedupCoverage",
-    "dedup_coverage",
-    "non_canonical_ids",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,18 +65,6 @@ ACCOUNTING = "accounting"
 DEDUP = "dedup"
 RUNS = "runs"
 TAKEDOWNS = "takedowns"
-
-# Delta table properties of the dedup table: the settings it was computed with, and
-# the curated table version it covers.
-DEDUP_PARAMS = "lakeshard.dedup.params"
-DEDUP_CURATED_VERSION = "lakeshard.dedup.curatedVersion"
-# The per-source, per-kind row counts, the cluster count and the clusters per size of
-# the dedup table as the last run left it (so that a run with nothing to do, and the
-# report, read no table), with the table version they describe (the run's last data
-# commit; the properties are the commit after it): another writer since (forget) makes
-# them unusable.
-DEDUP_STATS = "lakeshard.dedup.stats"
-
 
 def _join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
@@ -336,122 +311,8 @@ def delta_version(spark, path: str) -> int | None:
     return None if meta is None else meta[0]
 
 
-def dedup_state(spark, cfg: Config) -> dict[str, str] | None:
-    """The dedup table's lakeshard properties, or None when dedup never ran (read from
-    the table's log: no Spark job)."""
-    meta = _delta_metadata(spark, layout(cfg).dedup)
-    if meta is None:
-        return None
-    return {k: v for k, v in meta[1].items() if k.startswith("lakeshard.")}
-
-
-def dedup_stats(spark, path: str, state: dict | None, params: str) -> dict | None:
-    """The dedup table's recorded stats (``by``, ``clusters``, ``sizes``) if they still
-    describe the table at `path`: recorded with the settings `params`, in the present
-    format, and no commit since the run that recorded them (its properties commit
-    aside). None otherwise: the table must be counted."""
-    import json
-
-    if state is None or state.get(DEDUP_PARAMS) != params or DEDUP_STATS not in state:
-        return None
-    stats = json.loads(state[DEDUP_STATS])
-    recorded = stats.get("table_version")
-    if "sizes" not in stats or recorded is None or \
-            delta_version(spark, path) not in (recorded, recorded + 1):
-        return None
-    return stats
-
-
-def dedup_params(cfg: Config) -> str:
-    """The settings a dedup result depends on, as recorded in its table."""
-    import json
-
-    return json.dumps({"threshold": cfg.dedup.threshold, "bands": cfg.dedup.bands},
-                      sort_keys=True)
-
-
-@dataclass(frozen=True)
-class DedupCoverage:
-    """How the dedup table covers the curated table at one version."""
-
-    dedup_version: int  # the curated version dedup last ran over
-    curated_version: int
-    uncovered: int  # curated rows added, or whose image changed, since: not deduplicated
-    removed: int  # rows dedup has that the curated table no longer has
-
-    @property
-    def stale(self) -> bool:
-        return bool(self.uncovered or self.removed)
-
-
-def deleted_rows(fragment) -> int:
-    """Rows a Lance fragment's deletion file marks deleted (0 without one)."""
-    d = fragment.metadata.deletion_file
-    return d.num_deleted_rows if d is not None else 0
-
-
-def row_layout(ds) -> set[tuple[int, int, int]]:
-    """Which rows a Lance version holds, as its fragments' (id, physical rows, deleted
-    rows): appends and deletes change it, new or rewritten columns do not."""
-    return {(f.fragment_id, f.metadata.physical_rows, deleted_rows(f))
-            for f in ds.get_fragments()}
-
-
-def dedup_coverage(spark, cfg: Config, curated_version: int) -> DedupCoverage | None:
-    """Whether the dedup table still covers the curated table's rows at
-    `curated_version`; None when dedup never ran.
-
-    Compared as rows, not version numbers: a version that only added or rewrote columns
-    (captions, features, latents, embeddings) holds the same rows, which the fragments'
-    row counts show without a Spark job. Otherwise -- rows appended or deleted, the
-    fragments compacted, or the version dedup covered cleaned up -- one Spark job
-    compares ``(sample_id, image_sha256)`` of both tables."""
-    import lance
-    from pyspark.sql import functions as F
-
-    state = dedup_state(spark, cfg)
-    if state is None:
-        return None
-    covered = int(state.get(DEDUP_CURATED_VERSION, -1))
-    path = layout(cfg).curated
-    if covered == curated_version:
-        return DedupCoverage(covered, curated_version, 0, 0)
-    try:
-        same_rows = row_layout(lance.dataset(path, version=covered)) == row_layout(
-            lance.dataset(path, version=curated_version))
-    except (ValueError, OSError):  # that version was cleaned up: compare the rows
-        same_rows = False
-    if same_rows:
-        return DedupCoverage(covered, curated_version, 0, 0)
-    curated = (spark.read.format("lance").option("version", str(curated_version))
-               .option("columns", "sample_id,image_sha256").load(path)
-               .select("sample_id", F.col("image_sha256").alias("_now")))
-    known = (spark.read.format("delta").load(layout(cfg).dedup)
-             .select("sample_id", F.col("image_sha256").alias("_then")))
-    both = curated.join(known, "sample_id", "full_outer")
-    counts = both.agg(
-        F.sum((F.col("_now").isNotNull() & ~F.col("_now").eqNullSafe(F.col("_then")))
-              .cast("long")).alias("uncovered"),
-        F.sum(F.col("_now").isNull().cast("long")).alias("removed"),
-    ).first()
-    return DedupCoverage(covered, curated_version, int(counts["uncovered"] or 0),
-                         int(counts["removed"] or 0))
-
-
-def non_canonical_ids(spark, cfg: Config, curated_version: int):
-    """``sample_id`` of the rows exports leave out (non-canonical duplicates), or None
-    when dedup never ran. Warns when rows were added, changed or removed since dedup
-    last ran (not when a later version only added columns)."""
-    path = layout(cfg).dedup
-    coverage = dedup_coverage(spark, cfg, curated_version)
-    if coverage is None:
-        log.warning("no dedup table at %s: exporting without dedup", path)
-        return None
-    if coverage.stale:
-        log.warning(
-            "dedup covers curated version %s; at version %s, %d row(s) were added or "
-            "changed since (exported without dedup) and %d removed (their clusters may "
-            "lose their canonical member): run `lakeshard dedup`",
-            coverage.dedup_version, curated_version, coverage.uncovered, coverage.removed,
-        )
-    return spark.read.format("delta").load(path).where("NOT is_canonical").select("sample_id")
+def delta_properties(spark, path: str) -> dict[str, str] | None:
+    """The table properties of the Delta table at `path` (from its log, no Spark job),
+    None if there is none."""
+    meta = _delta_metadata(spark, path)
+    return None if meta is None else meta[1]

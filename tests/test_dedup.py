@@ -1,6 +1,10 @@
-"""Dedup: LSH pairs, connected components, cluster policy, and the real pipeline path
-(curate -> dedup -> export) with an exact copy, a resized+recompressed copy and an
-unrelated photo."""
+"""Dedup in Spark and as a table: its settings, the LSH search (every pair within the
+threshold found, against brute force) and connected components, the Spark planner's
+policy and incremental rules on a few rows, the dedup table's recorded stats (used only
+while they describe it), and the real pipeline path (curate -> dedup -> export) with an
+exact copy, a resized+recompressed copy and an unrelated photo. That the planners give
+the same table: test_dedup_local.py; the transforms' helpers worked out by hand:
+test_transform_dedup*.py."""
 
 from __future__ import annotations
 
@@ -19,7 +23,7 @@ from PIL import Image
 
 from etl import tables
 from etl.config import ConfigError, DedupConfig
-from etl.jobs.dedup import _by_source, _counts
+from etl.lakehouse.dedup_table import DedupTable, source_counts
 from etl.transforms.dedup import (
     ASSIGNMENT_COLUMNS,
     connected_components,
@@ -219,6 +223,50 @@ def test_plan_policy_then_incremental_keeps_ids_and_reassigns_canonical(spark):
     }
 
 
+# ----------------------------------------------------------------------- the table
+
+
+def test_recorded_stats_are_used_only_while_they_describe_the_table(spark, tmp_path):
+    """The stats property follows the derived-state rules: used at the version it was
+    recorded at (or the properties commit after it), with the same settings and format;
+    stale, foreign, unreadable or from other settings, it reads as None and the table is
+    counted."""
+    from etl.lakehouse.dedup_table import DEDUP_PARAMS, DEDUP_STATS
+    from etl.schema import DEDUP_SCHEMA
+    from etl.writers.delta import set_properties
+
+    cfg = make_config(tmp_path)
+    table = DedupTable(spark, cfg)
+    rows = [("a", "s", "A", 1, "a", True, "canonical", 2, "r"),
+            ("b", "s", "A", 1, "a", False, "exact", 2, "r"),
+            ("c", "t", "C", 9, "c", True, "unique", 1, "r"),
+            ("d", "t", "D", 99, "d", True, "unique", 1, "r")]
+    spark.createDataFrame(rows, DEDUP_SCHEMA).write.format("delta").save(table.path)
+    counted = {"by": {"s": {"canonical": 1, "exact": 1}, "t": {"unique": 2}},
+               "clusters": 1, "sizes": {"2": 1}}
+    assert table.state() == {} and table.stats(table.state()) is None
+    assert table.count_stats() == counted
+
+    version, stats = table.write([], [], state=table.state(), covers=7)
+    assert stats == counted and version == 1  # the properties: one commit after the data
+    assert table.stats(table.state()) == {**counted, "table_version": 0}
+    assert table.state()[DEDUP_PARAMS] == table.params
+
+    def recorded(value: str) -> dict | None:
+        set_properties(spark, table.path, {DEDUP_STATS: value})
+        return table.stats(table.state())
+
+    good = json.dumps({**counted, "table_version": table.version() + 1})
+    assert recorded(good) == json.loads(good)
+    assert recorded("{not json") is None  # unreadable
+    assert recorded(json.dumps({"clusters": 1, "table_version": table.version() + 1})) is None
+    assert recorded(json.dumps({**counted, "table_version": table.version() - 1})) is None
+    assert recorded(json.dumps({**counted, "table_version": table.version() + 1})) is not None
+    other = DedupTable(spark, make_config(tmp_path, dedup={"threshold": 3}))
+    assert other.stats(other.state()) is None  # computed with other settings
+    assert other.current_stats(other.state()) == counted
+
+
 # ----------------------------------------------------------------------- pipeline
 
 
@@ -231,6 +279,15 @@ def _reencoded(name: str, size: tuple[int, int], fmt: str, **kw) -> bytes:
     buf = io.BytesIO()
     im.resize(size, Image.Resampling.LANCZOS).save(buf, format=fmt, **kw)
     return buf.getvalue()
+
+
+def _by_source(table) -> dict[str, dict[str, int]]:
+    """Rows per source and kind, counted here from the table's rows."""
+    by: dict[str, dict[str, int]] = {}
+    for r in table.collect():
+        by.setdefault(r.source, {}).setdefault(r.dup_kind, 0)
+        by[r.source][r.dup_kind] += 1
+    return by
 
 
 def _exported_ids(path: str) -> list[str]:
@@ -344,7 +401,7 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     # carried forward are those of the table counted again.
     assert d3.mode == "incremental (driver)"
     table = spark.read.format("delta").load(tables.layout(cfg).dedup)
-    assert d3.counts == _counts(_by_source(table), ["photos"])
+    assert d3.counts == source_counts(_by_source(table), ["photos"])
     assert d3.clusters == table.where("cluster_size > 1").select("dup_cluster_id").distinct(
         ).count() == 2
     for key, r in s1.items():
@@ -387,7 +444,7 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     manifest_ops = [h["operation"] for h in DeltaTable(tables.layout(cfg).manifest).history(1)]
     assert manifest_ops == ["WRITE"]
     table = spark.read.format("delta").load(tables.layout(cfg).dedup)
-    assert d4.counts == _counts(_by_source(table), ["photos"])
+    assert d4.counts == source_counts(_by_source(table), ["photos"])
     assert d4.clusters == 2
-    assert tables.dedup_stats(spark, tables.layout(cfg).dedup, tables.dedup_state(spark, cfg),
-                              tables.dedup_params(cfg))["sizes"] == {"2": 1, "4": 1}
+    dedup_table = DedupTable(spark, cfg)
+    assert dedup_table.stats(dedup_table.state())["sizes"] == {"2": 1, "4": 1}

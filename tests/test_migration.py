@@ -11,6 +11,7 @@ import pytest
 from conftest import REPO, make_config
 
 from etl import tables
+from etl.lakehouse.dedup_table import DEDUP_PARAMS, DedupTable, dedup_params
 from etl.migrations import CURATED_RENAMES
 
 pytestmark = pytest.mark.slow
@@ -78,7 +79,7 @@ def test_a_root_written_by_the_previous_release_is_migrated_and_read(spark, lega
     assert {sid: r["dup_cluster_id"] for sid, r in dedup.items()} == {
         sid: r["dup_cluster_id"] for sid, r in old_dedup.items()}
     assert out.detail("dedup").mode == "incremental" and out.detail("dedup").changed == 0
-    assert tables.dedup_state(spark, cfg)[tables.DEDUP_PARAMS] == tables.dedup_params(cfg)
+    assert DedupTable(spark, cfg).state()[DEDUP_PARAMS] == dedup_params(cfg.dedup)
 
     # The export reads the new names: the kept, canonical rows (a/b are one cluster).
     (exp,) = out.detail("export")

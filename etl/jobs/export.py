@@ -21,6 +21,7 @@ from etl import tables
 from etl.config import Config
 from etl.errors import ConfigError
 from etl.lakehouse.counts import manifest_counts
+from etl.lakehouse.dedup_table import DedupTable
 from etl.lakehouse.derived import DerivedState
 from etl.runtime.stage import Metrics, RunContext, StageResult
 from etl.schema import REMOVED
@@ -148,7 +149,7 @@ def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated:
     lineage: dict = {"include_duplicates": exp.include_duplicates}
     if exp.include_duplicates:
         return None, matching, lineage, None
-    duplicates = tables.non_canonical_ids(spark, cfg, version)
+    duplicates = DedupTable(spark, cfg).non_canonical_ids(version)
     if duplicates is None:
         return None, matching, lineage, None
     inputs = {"table_version": version, "where": exp.where,

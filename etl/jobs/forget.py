@@ -43,6 +43,7 @@ from pyspark.sql import functions as F
 from etl import tables
 from etl.config import Config
 from etl.errors import ConfigError
+from etl.lakehouse.dedup_table import DedupTable
 from etl.lakehouse.maintenance import (
     PurgeResult,
     current_version,
@@ -60,12 +61,9 @@ from etl.transforms.bronze import (
     match_takedowns,
     matched_identifiers,
 )
-from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
 from etl.writers.delta import (
     merge_accounting,
-    merge_dedup,
     record_takedowns,
-    set_properties,
 )
 from etl.writers.mds import read_manifest
 
@@ -276,31 +274,15 @@ def _curated_hashes(spark: SparkSession, path: str) -> DataFrame | None:
 
 
 def _rededup(spark: SparkSession, cfg: Config, run_id: str) -> int:
-    """Re-elect the canonical members of clusters that lost rows (dedup's incremental
-    plan, as when a row leaves the table); returns rows changed or removed."""
-    state = tables.dedup_state(spark, cfg)
-    if state is None:
+    """Re-elect the canonical members of clusters that lost rows, through the dedup
+    job's own entry point (:meth:`DedupTable.update`); with settings changed since the
+    last dedup, only the rows gone leave and the full run is left to the next dedup.
+    Returns rows changed or removed (0 when dedup never ran)."""
+    table = DedupTable(spark, cfg)
+    if table.state() is None:
         return 0
-    paths = tables.layout(cfg)
-    version = tables.open_curated(cfg).version
-    current = (spark.read.format("lance").option("version", str(version))
-               .option("columns", ",".join(ROW_COLUMNS)).load(paths.curated))
-    prior = spark.read.format("delta").load(paths.dedup).select(*ASSIGNMENT_COLUMNS)
-    if state.get(tables.DEDUP_PARAMS) != tables.dedup_params(cfg):
-        # Settings changed since the last dedup: its next run is a full one; for now
-        # only the rows that left the table leave the dedup table.
-        gone = prior.select("sample_id").join(current.select("sample_id"), "sample_id",
-                                              "left_anti").localCheckpoint(eager=True)
-        n = gone.count()
-        if n:
-            merge_dedup(spark, paths.dedup, prior.limit(0), gone, ASSIGNMENT_COLUMNS)
-        return n
-    plan = plan_dedup(current, prior, cfg.dedup, run_id)
-    changed, removed = plan.changes.count(), plan.removed.count()
-    if changed or removed:
-        merge_dedup(spark, paths.dedup, plan.changes, plan.removed, ASSIGNMENT_COLUMNS)
-    set_properties(spark, paths.dedup, {tables.DEDUP_CURATED_VERSION: str(version)})
-    return changed + removed
+    res = table.update(run_id, new_settings="defer")
+    return res.changed + res.removed
 
 
 def _scrub_reports(cfg: Config, sample_ids: set[str]) -> int:

@@ -13,18 +13,15 @@ The steps, each a DataFrame -> DataFrame function (no I/O; the job reads and wri
    hash are expanded, and only pairs with a new side are kept: a nightly run compares
    new rows with everything, never old rows with old rows again.
 2. :func:`connected_components` -- min-label propagation with pointer jumping, in Spark.
-3. :func:`plan_dedup` -- the graph of new rows, already-known clusters (one node each)
-   and hashes; its components become clusters, a canonical member is picked by policy,
-   and only rows whose assignment changed come out (plus the ids that left the table).
-
-Cluster ids are stable: a cluster that already exists keeps its id when rows join it
-(when clusters merge, the id carried by the most members wins, ties to the smallest);
-a new cluster is named after its canonical member's ``sample_id``.
+3. :func:`plan_dedup` -- the rules of :mod:`etl.transforms.dedup_rules` in Spark, one
+   step per rule: which rows are new (R1), the near pairs (R2), the graph of new rows,
+   known clusters and hashes and its components (R3), the rows to reassign (R4), the
+   canonical member, cluster id and kind of each (R5-R7), and only the rows whose
+   assignment changed (R8), plus the ids that left the table.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 from dataclasses import dataclass
 
@@ -33,6 +30,16 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
 from etl.config import DedupConfig
+from etl.transforms.dedup_rules import (
+    ASSIGNMENT_COLUMNS,
+    COMPARED,
+    HASH,
+    KNOWN_CLUSTER,
+    NEW_ROW,
+    ROW_COLUMNS,
+    lsh_masks,
+    order_terms,
+)
 
 __all__ = [
     "ROW_COLUMNS",
@@ -46,37 +53,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# The curated columns dedup reads (no image bytes).
-ROW_COLUMNS = (
-    "sample_id", "source", "image_sha256", "dhash", "width", "height",
-    "original_width", "original_height", "ingested_at",
-)
-# What dedup records per row (etl.schema.DEDUP_SCHEMA, in order).
-ASSIGNMENT_COLUMNS = (
-    "sample_id", "source", "image_sha256", "dhash", "dup_cluster_id", "is_canonical",
-    "dup_kind", "cluster_size", "run_id",
-)
-
-
-def _signed(value: int) -> int:
-    return value - (1 << 64) if value >= (1 << 63) else value
-
-
-def lsh_masks(threshold: int, bands: int) -> list[int]:
-    """One 64-bit mask (signed, like ``dhash``) per combination of ``bands - threshold``
-    of the ``bands`` contiguous blocks of the hash."""
-    if not 0 <= threshold < bands <= 64:
-        raise ValueError(f"need 0 <= threshold < bands <= 64, got {threshold}, {bands}")
-    bounds = [round(i * 64 / bands) for i in range(bands + 1)]
-    blocks = [((1 << (hi - lo)) - 1) << lo for lo, hi in itertools.pairwise(bounds)]
-    masks = []
-    for combo in itertools.combinations(range(bands), bands - threshold):
-        mask = 0
-        for i in combo:
-            mask |= blocks[i]
-        masks.append(_signed(mask))
-    return masks
 
 
 def hash_pairs(hashes: DataFrame, threshold: int, bands: int, *, all_new: bool) -> DataFrame:
@@ -178,25 +154,20 @@ def connected_components(edges: DataFrame, max_iterations: int) -> tuple[DataFra
 
 
 def canonical_order(policy: tuple[str, ...], source_priority: tuple[str, ...]) -> list[Column]:
-    """Sort order inside a cluster; the first row is canonical. ``sample_id`` breaks ties
-    so the choice never depends on row order."""
+    """R5's sort order inside a cluster, as Spark columns; the first row is canonical."""
     order: list[Column] = []
-    for key in policy:
-        if key == "resolution":
-            order += [
-                (F.col("original_width").cast("long") * F.col("original_height")).desc(),
-                (F.col("width").cast("long") * F.col("height")).desc(),
-            ]
-        elif key == "source_priority":
-            rank = F.lit(len(source_priority))
-            for i, name in reversed(list(enumerate(source_priority))):
-                rank = F.when(F.col("source") == name, F.lit(i)).otherwise(rank)
+    for term in order_terms(policy, source_priority):
+        if term.kind == "product":
+            a, b = term.columns
+            order.append((F.col(a).cast("long") * F.col(b)).desc())
+        elif term.kind == "rank":
+            rank = F.lit(len(term.ranking))
+            for i, name in reversed(list(enumerate(term.ranking))):
+                rank = F.when(F.col(term.columns[0]) == name, F.lit(i)).otherwise(rank)
             order.append(rank.asc())
-        elif key == "earliest":
-            order.append(F.col("ingested_at").asc())
         else:
-            raise ValueError(f"unknown dedup policy criterion {key!r}")
-    return [*order, F.col("sample_id").asc()]
+            order.append(F.col(term.columns[0]).asc())
+    return order
 
 
 @dataclass
@@ -214,53 +185,38 @@ def _node(prefix: str, col: str) -> Column:
     return F.concat(F.lit(prefix), F.col(col).cast("string"))
 
 
-def plan_dedup(
-    current: DataFrame,
-    prior: DataFrame | None,
-    cfg: DedupConfig,
-    run_id: str,
-    *,
-    full: bool = False,
-) -> DedupPlan:
-    """Cluster assignments for the curated rows `current` (ROW_COLUMNS), given the
-    previous assignments `prior` (ASSIGNMENT_COLUMNS; None on a first run).
+_MARKED = (*ROW_COLUMNS, "_new", "_old_cid")
 
-    Incremental (default): rows whose id, image hash and dHash are already in `prior`
-    keep their cluster; each such cluster is one node of the graph, so old pairs are
-    never searched again. `full`: every row is treated as new (a changed threshold or
-    band count); `prior` then only decides which rows changed.
-    """
+
+def _mark_new(current: DataFrame, prior: DataFrame | None, *, full: bool) -> DataFrame:
+    """R1: the curated rows with ``_new`` and, for known rows, ``_old_cid``."""
     cur = current.select(*ROW_COLUMNS)
     if prior is None or full:
-        rows = cur.withColumns({"_new": F.lit(True), "_old_cid": F.lit(None).cast("string")})
-    else:
-        p = prior.select(
-            "sample_id",
-            F.col("image_sha256").alias("_p_sha"),
-            F.col("dhash").alias("_p_dhash"),
-            F.col("dup_cluster_id").alias("_p_cid"),
-        )
-        same = (F.col("_p_sha") == F.col("image_sha256")) & (F.col("_p_dhash") == F.col("dhash"))
-        rows = (
-            cur.join(p, "sample_id", "left")
-            .withColumn("_new", ~F.coalesce(same, F.lit(False)))
-            .withColumn("_old_cid", F.when(~F.col("_new"), F.col("_p_cid")))
-            .select(*ROW_COLUMNS, "_new", "_old_cid")
-        )
-    rows = rows.localCheckpoint(eager=True)
-    new_rows = rows.where("_new").count()
+        return cur.withColumns({"_new": F.lit(True), "_old_cid": F.lit(None).cast("string")})
+    p = prior.select(
+        "sample_id",
+        F.col("image_sha256").alias("_p_sha"),
+        F.col("dhash").alias("_p_dhash"),
+        F.col("dup_cluster_id").alias("_p_cid"),
+    )
+    same = (F.col("_p_sha") == F.col("image_sha256")) & (F.col("_p_dhash") == F.col("dhash"))
+    return (
+        cur.join(p, "sample_id", "left")
+        .withColumn("_new", ~F.coalesce(same, F.lit(False)))
+        .withColumn("_old_cid", F.when(~F.col("_new"), F.col("_p_cid")))
+        .select(*_MARKED)
+    )
 
+
+def _near_pairs(rows: DataFrame, cfg: DedupConfig, *, all_new: bool
+                ) -> tuple[DataFrame, DataFrame]:
+    """R2: the verified near pairs ``(a, b, distance)`` (checkpointed) and the hashes
+    that matter to R3: a side of a pair, or a new row's hash that other rows share."""
     hashes = rows.groupBy("dhash").agg(
         F.count(F.lit(1)).alias("n"), F.max("_new").alias("is_new")
     ).persist(StorageLevel.MEMORY_AND_DISK)
-    pairs = hash_pairs(
-        hashes.select("dhash", "is_new"), cfg.threshold, cfg.bands,
-        all_new=prior is None or full,
-    ).localCheckpoint(eager=True)
-    n_pairs = pairs.count()
-
-    # Hashes that put a row into the graph: one side of a verified pair, or a new row's
-    # hash that other rows share (distance 0). Everything else is untouched.
+    pairs = hash_pairs(hashes.select("dhash", "is_new"), cfg.threshold, cfg.bands,
+                       all_new=all_new).localCheckpoint(eager=True)
     relevant = (
         pairs.select(F.col("a").alias("dhash"))
         .union(pairs.select(F.col("b").alias("dhash")))
@@ -268,62 +224,48 @@ def plan_dedup(
         .distinct()
     )
     hashes.unpersist()
-    row_node = F.when(F.col("_new"), _node("s:", "sample_id")).otherwise(_node("c:", "_old_cid"))
+    return pairs, relevant
+
+
+def _components(rows: DataFrame, pairs: DataFrame, relevant: DataFrame,
+                max_iterations: int) -> tuple[DataFrame, int]:
+    """R3: ``(node, label)`` of the graph's nodes, and the rounds it took."""
+    row_node = F.when(F.col("_new"), _node(NEW_ROW, "sample_id")).otherwise(
+        _node(KNOWN_CLUSTER, "_old_cid"))
     edges = (
         rows.join(relevant, "dhash", "left_semi")
-        .select(row_node.alias("src"), _node("h:", "dhash").alias("dst"))
-        .union(pairs.select(_node("h:", "a").alias("src"), _node("h:", "b").alias("dst")))
+        .select(row_node.alias("src"), _node(HASH, "dhash").alias("dst"))
+        .union(pairs.select(_node(HASH, "a").alias("src"), _node(HASH, "b").alias("dst")))
         .distinct()
     )
-    labels, rounds = connected_components(edges, cfg.max_iterations)
+    return connected_components(edges, max_iterations)
 
-    # Rows to (re)assign, each with its component `_comp`:
-    new = rows.where("_new")
-    kept = rows.where(~F.col("_new"))
-    in_graph_new = new.join(
-        labels.select(F.col("node").alias("_n"), F.col("label").alias("_comp")),
-        _node("s:", "sample_id") == F.col("_n"),
-        "left",
-    ).select(
-        *ROW_COLUMNS, "_new", "_old_cid",
-        F.coalesce("_comp", _node("s:", "sample_id")).alias("_comp"),
-    )
-    touched_kept = kept.join(
-        labels.select(F.col("node").alias("_n"), F.col("label").alias("_comp")),
-        _node("c:", "_old_cid") == F.col("_n"),
-    ).select(*ROW_COLUMNS, "_new", "_old_cid", "_comp")
-    parts = [in_graph_new, touched_kept]
-    removed = None
-    if prior is not None:
+
+def _members(rows: DataFrame, labels: DataFrame, prior: DataFrame | None, *,
+             full: bool) -> DataFrame:
+    """R4: the rows to reassign, each with its component ``_comp`` (checkpointed)."""
+    label = labels.select(F.col("node").alias("_n"), F.col("label").alias("_comp"))
+    new, kept = rows.where("_new"), rows.where(~F.col("_new"))
+    in_graph_new = new.join(label, _node(NEW_ROW, "sample_id") == F.col("_n"), "left").select(
+        *_MARKED, F.coalesce("_comp", _node(NEW_ROW, "sample_id")).alias("_comp"))
+    touched_kept = kept.join(label, _node(KNOWN_CLUSTER, "_old_cid") == F.col("_n")).select(
+        *_MARKED, "_comp")
+    members = in_graph_new.unionByName(touched_kept)
+    if prior is not None and not full:
         # Clusters that lost members (rows gone from the table, or whose image changed)
-        # are re-evaluated: size, canonical member, kinds.
+        # are re-evaluated as they stand.
         departed = prior.select("sample_id", "dup_cluster_id").join(
-            kept.select("sample_id"), "sample_id", "left_anti"
-        )
-        if not full:
-            shrunk = departed.select(F.col("dup_cluster_id").alias("_old_cid")).distinct()
-            parts.append(
-                kept.join(shrunk, "_old_cid", "left_semi")
-                .join(touched_kept.select("sample_id"), "sample_id", "left_anti")
-                .select(*ROW_COLUMNS, "_new", "_old_cid", _node("c:", "_old_cid").alias("_comp"))
-            )
-        removed = prior.select("sample_id").join(cur.select("sample_id"), "sample_id", "left_anti")
-    members = parts[0]
-    for part in parts[1:]:
-        members = members.unionByName(part)
-    members = members.localCheckpoint(eager=True)
+            kept.select("sample_id"), "sample_id", "left_anti")
+        shrunk = departed.select(F.col("dup_cluster_id").alias("_old_cid")).distinct()
+        members = members.unionByName(
+            kept.join(shrunk, "_old_cid", "left_semi")
+            .join(touched_kept.select("sample_id"), "sample_id", "left_anti")
+            .select(*_MARKED, _node(KNOWN_CLUSTER, "_old_cid").alias("_comp")))
+    return members.localCheckpoint(eager=True)
 
-    by_comp = Window.partitionBy("_comp")
-    ranked = members.withColumn(
-        "_rank",
-        F.row_number().over(by_comp.orderBy(*canonical_order(cfg.policy, cfg.source_priority))),
-    ).withColumn("cluster_size", F.count(F.lit(1)).over(by_comp))
-    canon = ranked.where("_rank = 1").select(
-        "_comp",
-        F.col("sample_id").alias("_canon_id"),
-        F.col("image_sha256").alias("_canon_sha"),
-    )
-    # Keep an existing id: the one most members carry, ties to the smallest.
+
+def _cluster_ids(members: DataFrame, canon: DataFrame, kept: DataFrame) -> DataFrame:
+    """R6: ``(_comp, _canon_sha, dup_cluster_id)`` of every component."""
     old_ids = (
         members.where(F.col("_old_cid").isNotNull())
         .groupBy("_comp", "_old_cid")
@@ -333,57 +275,82 @@ def plan_dedup(
              .alias("_kept_id"))
     )
     member_ids = members.groupBy("_comp").agg(
-        F.sort_array(F.collect_list("sample_id")).alias("_ids")
-    )
+        F.sort_array(F.collect_list("sample_id")).alias("_ids"))
     ids_in_use = kept.select(F.col("_old_cid").alias("_canon_id")).distinct().withColumn(
-        "_in_use", F.lit(True)
-    )
-    cluster_ids = (
+        "_in_use", F.lit(True))
+    named_by_members = F.substring(F.sha2(F.concat_ws(",", "_ids"), 256), 1, 32)
+    return (
         canon.join(old_ids, "_comp", "left")
         .join(member_ids, "_comp")
         .join(ids_in_use, "_canon_id", "left")
-        .select(
-            "_comp",
-            "_canon_sha",
-            F.coalesce(
-                "_kept_id",
-                # A new cluster whose canonical id still names another cluster (its row
-                # left that cluster when its image changed): name it by its members.
-                F.when(
-                    F.col("_in_use"),
-                    F.substring(F.sha2(F.concat_ws(",", "_ids"), 256), 1, 32),
-                ).otherwise(F.col("_canon_id")),
-            ).alias("dup_cluster_id"),
-        )
+        .select("_comp", "_canon_sha", F.coalesce(
+            "_kept_id", F.when(F.col("_in_use"), named_by_members).otherwise(
+                F.col("_canon_id"))).alias("dup_cluster_id"))
     )
-    assigned = ranked.join(cluster_ids, "_comp").select(
-        "sample_id",
-        "source",
-        "image_sha256",
-        "dhash",
-        "dup_cluster_id",
-        (F.col("_rank") == 1).alias("is_canonical"),
-        F.when(F.col("cluster_size") == 1, "unique")
-        .when(F.col("_rank") == 1, "canonical")
-        .when(F.col("image_sha256") == F.col("_canon_sha"), "exact")
-        .otherwise("near")
-        .alias("dup_kind"),
-        F.col("cluster_size").cast("long"),
-        F.lit(run_id).alias("run_id"),
+
+
+def _assign(members: DataFrame, kept: DataFrame, cfg: DedupConfig, run_id: str) -> DataFrame:
+    """R5-R7: every member's assignment (ASSIGNMENT_COLUMNS)."""
+    by_comp = Window.partitionBy("_comp")
+    ranked = members.withColumn(
+        "_rank",
+        F.row_number().over(by_comp.orderBy(*canonical_order(cfg.policy, cfg.source_priority))),
+    ).withColumn("cluster_size", F.count(F.lit(1)).over(by_comp))
+    canon = ranked.where("_rank = 1").select(
+        "_comp", F.col("sample_id").alias("_canon_id"),
+        F.col("image_sha256").alias("_canon_sha"))
+    kind = (F.when(F.col("cluster_size") == 1, "unique")
+            .when(F.col("_rank") == 1, "canonical")
+            .when(F.col("image_sha256") == F.col("_canon_sha"), "exact")
+            .otherwise("near"))
+    return ranked.join(_cluster_ids(members, canon, kept), "_comp").select(
+        "sample_id", "source", "image_sha256", "dhash", "dup_cluster_id",
+        (F.col("_rank") == 1).alias("is_canonical"), kind.alias("dup_kind"),
+        F.col("cluster_size").cast("long"), F.lit(run_id).alias("run_id"),
     )
-    if prior is not None:
-        compare = ("image_sha256", "dhash", "dup_cluster_id", "is_canonical", "dup_kind",
-                   "cluster_size")
-        old = prior.select("sample_id", *[F.col(c).alias(f"_p_{c}") for c in compare])
-        differs = F.lit(False)
-        for c in compare:
-            differs = differs | ~F.col(c).eqNullSafe(F.col(f"_p_{c}"))
-        assigned = assigned.join(old, "sample_id", "left").where(differs).select(
-            *ASSIGNMENT_COLUMNS
-        )
-    changes = assigned.select(*ASSIGNMENT_COLUMNS).localCheckpoint(eager=True)
-    if removed is None:
+
+
+def _changed(assigned: DataFrame, prior: DataFrame | None) -> DataFrame:
+    """R8: the assignments that differ from the previous ones (all on a first run)."""
+    if prior is None:
+        return assigned.select(*ASSIGNMENT_COLUMNS)
+    old = prior.select("sample_id", *[F.col(c).alias(f"_p_{c}") for c in COMPARED])
+    differs = F.lit(False)
+    for c in COMPARED:
+        differs = differs | ~F.col(c).eqNullSafe(F.col(f"_p_{c}"))
+    return assigned.join(old, "sample_id", "left").where(differs).select(*ASSIGNMENT_COLUMNS)
+
+
+def plan_dedup(
+    current: DataFrame,
+    prior: DataFrame | None,
+    cfg: DedupConfig,
+    run_id: str,
+    *,
+    full: bool = False,
+) -> DedupPlan:
+    """Cluster assignments for the curated rows `current` (ROW_COLUMNS), given the
+    previous assignments `prior` (ASSIGNMENT_COLUMNS; None on a first run), by the rules
+    of :mod:`etl.transforms.dedup_rules`.
+
+    Incremental (default): rows whose id, image hash and dHash are already in `prior`
+    keep their cluster; each such cluster is one node of the graph, so old pairs are
+    never searched again. `full`: every row is treated as new (a changed threshold or
+    band count); `prior` then only decides which rows changed.
+    """
+    rows = _mark_new(current, prior, full=full).localCheckpoint(eager=True)
+    new_rows = rows.where("_new").count()
+    pairs, relevant = _near_pairs(rows, cfg, all_new=prior is None or full)
+    n_pairs = pairs.count()
+    labels, rounds = _components(rows, pairs, relevant, cfg.max_iterations)
+    members = _members(rows, labels, prior, full=full)
+    assigned = _assign(members, rows.where(~F.col("_new")), cfg, run_id)
+    changes = _changed(assigned, prior).localCheckpoint(eager=True)
+    if prior is None:
         removed = changes.sparkSession.createDataFrame([], "sample_id string")
+    else:
+        removed = prior.select("sample_id").join(current.select("sample_id"), "sample_id",
+                                                 "left_anti")
     removed = removed.localCheckpoint(eager=True)
     pairs.unpersist()
     return DedupPlan(changes, removed, new_rows, n_pairs, rounds)

@@ -1,15 +1,13 @@
-"""The dedup plan of :func:`etl.transforms.dedup.plan_dedup`, in the driver, for a
-small set of rows: what a nightly increment touches.
+"""The dedup rules (:mod:`etl.transforms.dedup_rules`) in the driver, for a small set
+of rows: what a nightly increment touches.
 
 An increment of a few thousand rows touches a few thousand more (near neighbours of
 the new hashes, the clusters they join or leave). Planning them with Spark costs tens
-of small jobs whatever their size; here it is a loop in the driver. The rules are
-those of ``plan_dedup`` (incremental mode), rule for rule -- which rows are new, the
-verified near pairs, the graph of new rows, known clusters and hashes, its components,
-the canonical member, which cluster id survives, the kinds -- and
+of small jobs whatever their size; here it is a loop in the driver, one step per rule
+as in :func:`etl.transforms.dedup.plan_dedup` (incremental mode), and
 ``tests/test_dedup_local.py`` checks that both give the same changes on the same
-tables. The caller chooses the rows (:mod:`etl.jobs.dedup`): every row the plan could
-reassign or needs to see must be in `current` and `prior`.
+tables. The caller chooses the rows (:mod:`etl.lakehouse.dedup_increment`): every row
+the plan could reassign or needs to see must be in `current` and `prior`.
 
 :func:`update_stats` carries the per-source counts and the cluster count forward from
 the rows that changed, instead of counting the whole table again.
@@ -17,21 +15,26 @@ the rows that changed, instead of counting the whole table again.
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from etl.config import DedupConfig
-from etl.transforms.dedup import lsh_masks
+from etl.transforms.dedup_rules import (
+    COMPARED,
+    HASH,
+    KNOWN_CLUSTER,
+    NEW_ROW,
+    lsh_masks,
+    members_name,
+    order_terms,
+)
 
 __all__ = ["LocalPlan", "plan_local", "update_stats", "size_histogram", "canonical_key"]
 
 Row = Mapping[str, Any]
 _MASK64 = (1 << 64) - 1
-_COMPARED = ("image_sha256", "dhash", "dup_cluster_id", "is_canonical", "dup_kind",
-             "cluster_size")
 
 
 @dataclass
@@ -47,32 +50,30 @@ def _distance(a: int, b: int) -> int:
 
 
 def canonical_key(policy: Sequence[str], source_priority: Sequence[str]):
-    """A sort key equal to :func:`etl.transforms.dedup.canonical_order` (Spark's null
-    placement: descending puts nulls last, ascending first; ``sample_id`` last)."""
-    rank = {name: i for i, name in enumerate(source_priority)}
+    """R5's sort order as a Python sort key, equal to
+    :func:`etl.transforms.dedup.canonical_order` (Spark's null placement: descending
+    puts nulls last, ascending first)."""
 
-    def desc(v):
-        return (1, 0) if v is None else (0, -v)
+    def product(row: Row, a: str, b: str) -> tuple:
+        if row[a] is None or row[b] is None:
+            return (1, 0)
+        return (0, -int(row[a]) * int(row[b]))
 
-    def asc(v):
+    def value(v) -> tuple:
         return (0, 0) if v is None else (1, v)
 
-    def product(a, b):
-        return None if a is None or b is None else int(a) * int(b)
+    def part(term, row: Row):
+        if term.kind == "product":
+            return product(row, *term.columns)
+        if term.kind == "rank":
+            rank = {name: i for i, name in enumerate(term.ranking)}
+            return rank.get(row[term.columns[0]], len(term.ranking))
+        return value(row[term.columns[0]])
+
+    terms = order_terms(policy, source_priority)
 
     def key(row: Row) -> tuple:
-        out: list = []
-        for criterion in policy:
-            if criterion == "resolution":
-                out += [desc(product(row["original_width"], row["original_height"])),
-                        desc(product(row["width"], row["height"]))]
-            elif criterion == "source_priority":
-                out.append(rank.get(row["source"], len(source_priority)))
-            elif criterion == "earliest":
-                out.append(asc(row["ingested_at"]))
-            else:
-                raise ValueError(f"unknown dedup policy criterion {criterion!r}")
-        return (*out, row["sample_id"])
+        return tuple(part(term, row) for term in terms)
 
     return key
 
@@ -102,12 +103,8 @@ class _Components:
         return {x: self.find(x) for x in self.parent}
 
 
-def plan_local(current: Iterable[Row], prior: Iterable[Row], cfg: DedupConfig,
-               run_id: str) -> LocalPlan:
-    """Incremental cluster assignments for `current` (ROW_COLUMNS) given the previous
-    assignments `prior` (ASSIGNMENT_COLUMNS), as ``plan_dedup(current, prior, cfg,
-    run_id)`` computes them (not a full run)."""
-    prior_by_id = {r["sample_id"]: r for r in prior}
+def _mark_new(current: Iterable[Row], prior_by_id: Mapping[str, Row]) -> list[dict]:
+    """R1: the curated rows with ``_new`` and, for known rows, ``_old_cid``."""
     rows = []
     for r in current:
         p = prior_by_id.get(r["sample_id"])
@@ -115,8 +112,11 @@ def plan_local(current: Iterable[Row], prior: Iterable[Row], cfg: DedupConfig,
                                                r["image_sha256"], r["dhash"])
                 and p["image_sha256"] == r["image_sha256"] and p["dhash"] == r["dhash"])
         rows.append({**r, "_new": not same, "_old_cid": p["dup_cluster_id"] if same else None})
-    new_rows = sum(r["_new"] for r in rows)
+    return rows
 
+
+def _near_pairs(rows: list[dict], cfg: DedupConfig) -> tuple[set[tuple[int, int]], set[int]]:
+    """R2: the verified near pairs and the hashes that matter to R3."""
     count: Counter[int] = Counter()
     is_new: dict[int, bool] = {}
     for r in rows:
@@ -125,8 +125,6 @@ def plan_local(current: Iterable[Row], prior: Iterable[Row], cfg: DedupConfig,
             is_new[r["dhash"]] = is_new.get(r["dhash"], False) or r["_new"]
     new_hashes = sorted(h for h, n in is_new.items() if n)
     pairs = set()
-    # The same LSH keys as Spark's hash_pairs (exact recall: two hashes within the
-    # threshold share a key), each candidate verified by its true distance.
     for mask in lsh_masks(cfg.threshold, cfg.bands):
         buckets: dict[int, list[int]] = defaultdict(list)
         for h in is_new:
@@ -136,75 +134,101 @@ def plan_local(current: Iterable[Row], prior: Iterable[Row], cfg: DedupConfig,
                 if a != b and _distance(a, b) <= cfg.threshold:
                     pairs.add((min(a, b), max(a, b)))
     relevant = {h for pair in pairs for h in pair}
-    relevant |= {h for h in new_hashes if count[h] > 1}
+    return pairs, relevant | {h for h in new_hashes if count[h] > 1}
 
-    def node(r: Row) -> str:
-        return f"s:{r['sample_id']}" if r["_new"] else f"c:{r['_old_cid']}"
 
+def _node(r: Row) -> str:
+    return f"{NEW_ROW}{r['sample_id']}" if r["_new"] else f"{KNOWN_CLUSTER}{r['_old_cid']}"
+
+
+def _components(rows: list[dict], pairs: set[tuple[int, int]],
+                relevant: set[int]) -> dict[str, str]:
+    """R3: the label of every node of the graph."""
     graph = _Components()
     for r in rows:
         if r["dhash"] in relevant:
-            graph.union(node(r), f"h:{r['dhash']}")
+            graph.union(_node(r), f"{HASH}{r['dhash']}")
     for a, b in pairs:
-        graph.union(f"h:{a}", f"h:{b}")
-    labels = graph.labels()
+        graph.union(f"{HASH}{a}", f"{HASH}{b}")
+    return graph.labels()
 
-    members: list[dict] = []
+
+def _members(rows: list[dict], labels: Mapping[str, str],
+             prior_by_id: Mapping[str, Row]) -> list[dict]:
+    """R4: the rows to reassign, each with its component ``_comp``."""
+    members = [{**r, "_comp": labels.get(_node(r), _node(r))} for r in rows if r["_new"]]
     kept = [r for r in rows if not r["_new"]]
-    for r in rows:
-        if r["_new"]:
-            members.append({**r, "_comp": labels.get(node(r), node(r))})
     touched = set()
     for r in kept:
-        if node(r) in labels:
-            members.append({**r, "_comp": labels[node(r)]})
+        if _node(r) in labels:
+            members.append({**r, "_comp": labels[_node(r)]})
             touched.add(r["sample_id"])
     kept_ids = {r["sample_id"] for r in kept}
     shrunk = {p["dup_cluster_id"] for p in prior_by_id.values() if p["sample_id"] not in kept_ids}
-    for r in kept:
-        if r["_old_cid"] in shrunk and r["sample_id"] not in touched:
-            members.append({**r, "_comp": f"c:{r['_old_cid']}"})
-    current_ids = {r["sample_id"] for r in rows}
-    removed = sorted(sid for sid in prior_by_id if sid not in current_ids)
+    members += [{**r, "_comp": _node(r)} for r in kept
+                if r["_old_cid"] in shrunk and r["sample_id"] not in touched]
+    return members
 
-    in_use = {r["_old_cid"] for r in kept}
+
+def _cluster_id(group: list[dict], in_use: set[str]) -> str:
+    """R6, for one component sorted by R5."""
+    old_ids = Counter(m["_old_cid"] for m in group if m["_old_cid"] is not None)
+    if old_ids:
+        return min(old_ids.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+    if group[0]["sample_id"] in in_use:
+        return members_name([m["sample_id"] for m in group])
+    return group[0]["sample_id"]
+
+
+def _kind(rank: int, size: int, row: Row, canon: Row) -> str:
+    """R7."""
+    if size == 1:
+        return "unique"
+    if rank == 1:
+        return "canonical"
+    if row["image_sha256"] is not None and row["image_sha256"] == canon["image_sha256"]:
+        return "exact"
+    return "near"
+
+
+def _assign(members: list[dict], in_use: set[str], cfg: DedupConfig,
+            run_id: str) -> list[dict]:
+    """R5-R7: every member's assignment (ASSIGNMENT_COLUMNS)."""
     key = canonical_key(cfg.policy, cfg.source_priority)
     by_comp: dict[str, list[dict]] = defaultdict(list)
     for m in members:
         by_comp[m["_comp"]].append(m)
-    changes = []
+    out = []
     for group in by_comp.values():
         group.sort(key=key)
-        canon = group[0]
-        old_ids = Counter(m["_old_cid"] for m in group if m["_old_cid"] is not None)
-        if old_ids:
-            cluster_id = min(old_ids.items(), key=lambda kv: (-kv[1], kv[0]))[0]
-        elif canon["sample_id"] in in_use:
-            # A new cluster whose canonical id still names another cluster (its row left
-            # that cluster when its image changed): name it by its members.
-            ids = ",".join(sorted(m["sample_id"] for m in group))
-            cluster_id = hashlib.sha256(ids.encode()).hexdigest()[:32]
-        else:
-            cluster_id = canon["sample_id"]
-        size = len(group)
-        for rank, m in enumerate(group, start=1):
-            if size == 1:
-                kind = "unique"
-            elif rank == 1:
-                kind = "canonical"
-            elif m["image_sha256"] is not None and m["image_sha256"] == canon["image_sha256"]:
-                kind = "exact"
-            else:
-                kind = "near"
-            row = {"sample_id": m["sample_id"], "source": m["source"],
-                   "image_sha256": m["image_sha256"], "dhash": m["dhash"],
-                   "dup_cluster_id": cluster_id, "is_canonical": rank == 1,
-                   "dup_kind": kind, "cluster_size": size, "run_id": run_id}
-            p = prior_by_id.get(m["sample_id"])
-            if p is None or any(p[c] != row[c] for c in _COMPARED):
-                changes.append(row)
+        cluster_id, size = _cluster_id(group, in_use), len(group)
+        out += [{"sample_id": m["sample_id"], "source": m["source"],
+                 "image_sha256": m["image_sha256"], "dhash": m["dhash"],
+                 "dup_cluster_id": cluster_id, "is_canonical": rank == 1,
+                 "dup_kind": _kind(rank, size, m, group[0]), "cluster_size": size,
+                 "run_id": run_id}
+                for rank, m in enumerate(group, start=1)]
+    return out
+
+
+def plan_local(current: Iterable[Row], prior: Iterable[Row], cfg: DedupConfig,
+               run_id: str) -> LocalPlan:
+    """Incremental cluster assignments for `current` (ROW_COLUMNS) given the previous
+    assignments `prior` (ASSIGNMENT_COLUMNS), as ``plan_dedup(current, prior, cfg,
+    run_id)`` computes them (not a full run)."""
+    prior_by_id = {r["sample_id"]: r for r in prior}
+    rows = _mark_new(current, prior_by_id)
+    pairs, relevant = _near_pairs(rows, cfg)
+    labels = _components(rows, pairs, relevant)
+    members = _members(rows, labels, prior_by_id)
+    in_use = {r["_old_cid"] for r in rows if not r["_new"]}
+    changes = [row for row in _assign(members, in_use, cfg, run_id)  # R8
+               if (p := prior_by_id.get(row["sample_id"])) is None
+               or any(p[c] != row[c] for c in COMPARED)]
     changes.sort(key=lambda r: r["sample_id"])
-    return LocalPlan(changes, removed, new_rows, len(pairs))
+    current_ids = {r["sample_id"] for r in rows}
+    removed = sorted(sid for sid in prior_by_id if sid not in current_ids)
+    return LocalPlan(changes, removed, sum(r["_new"] for r in rows), len(pairs))
 
 
 def update_stats(stats: Mapping[str, Any], changes: Iterable[Row], removed: Iterable[str],

@@ -1,0 +1,419 @@
+"""The Delta ``dedup`` table: its path and schema, its properties, its named queries,
+the one writer of its rows, and the entry point that brings it up to date with the
+curated table (:meth:`DedupTable.update`, used by ``lakeshard dedup`` and ``forget``).
+
+The table holds one row per curated sample (``etl.schema.DEDUP_SCHEMA``); its Delta
+properties say what it covers:
+
+* ``lakeshard.dedup.params`` -- the settings its clusters were computed with
+  (threshold, bands): other settings make the next run a full one;
+* ``lakeshard.dedup.curatedVersion`` -- the curated version it covers;
+* ``lakeshard.dedup.stats`` -- rows per source and kind, clusters of 2+ and clusters per
+  size, with the table version they describe. Derived state, kept in the table rather
+  than under ``_lakeshard/`` (docs/development.md says why) but under the same rules:
+  written after the commit it describes, keyed by that table version, ignored when stale
+  (another commit since), foreign (another format) or unreadable; the table is then
+  counted again.
+
+How a change is planned -- from metadata alone, in the driver, or by Spark over the
+table -- is chosen here, with its thresholds (:data:`DRIVER_SCAN_ROWS`,
+``dedup.driver_max_rows``); the rules all three follow are
+:mod:`etl.transforms.dedup_rules`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from etl import tables
+from etl.config import Config, DedupConfig
+from etl.lakehouse import dedup_increment
+from etl.schema import DEDUP_SCHEMA
+from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
+from etl.transforms.dedup_local import plan_local, size_histogram, update_stats
+from etl.writers.delta import append_rows, merge_dedup, set_properties
+
+__all__ = [
+    "DEDUP_PARAMS",
+    "DEDUP_CURATED_VERSION",
+    "DEDUP_STATS",
+    "DRIVER_SCAN_ROWS",
+    "SourceDedup",
+    "DedupResult",
+    "DedupCoverage",
+    "DedupTable",
+    "dedup_params",
+    "source_counts",
+]
+
+log = logging.getLogger(__name__)
+
+# Delta table properties of the dedup table: the settings it was computed with, and
+# the curated table version it covers.
+DEDUP_PARAMS = "lakeshard.dedup.params"
+DEDUP_CURATED_VERSION = "lakeshard.dedup.curatedVersion"
+# The per-source, per-kind row counts, the cluster count and the clusters per size of
+# the dedup table as the last run left it (so that a run with nothing to do, and the
+# report, read no table), with the table version they describe (the run's last data
+# commit; the properties are the commit after it): another writer since makes them
+# unusable.
+DEDUP_STATS = "lakeshard.dedup.stats"
+
+# Up to this many curated rows, the ordering columns of the stored rows a driver plan
+# needs are read by pylance in the driver (its sample_id column: ~70 MB); above, by a
+# Spark job over the table. (The other bound, how many rows an increment may touch to
+# be planned in the driver at all, is the setting ``dedup.driver_max_rows``.)
+DRIVER_SCAN_ROWS = 2_000_000
+
+
+@dataclass(frozen=True)
+class SourceDedup:
+    source: str
+    rows: int
+    canonical: int  # canonical members of clusters of 2+ (exported)
+    exact: int  # same bytes as their cluster's canonical member (not exported)
+    near: int  # perceptual duplicates of their canonical member (not exported)
+
+    @property
+    def exact_rate(self) -> float:
+        return self.exact / self.rows if self.rows else 0.0
+
+    @property
+    def near_rate(self) -> float:
+        return self.near / self.rows if self.rows else 0.0
+
+
+@dataclass(frozen=True)
+class DedupResult:
+    path: str
+    version: int  # Delta version after this run
+    mode: str  # "full", "incremental" or "incremental (driver)"
+    curated_version: int
+    new_rows: int  # rows compared against everything this run
+    pairs: int  # verified near pairs found this run (distinct dHashes)
+    rounds: int  # connected-components rounds
+    changed: int  # rows inserted or updated
+    removed: int  # rows deleted (gone from the curated table)
+    clusters: int  # clusters of 2+ rows in the whole table
+    counts: tuple[SourceDedup, ...] = field(default_factory=tuple)
+    # Up to date, decided from the table's properties alone (no table read).
+    from_metadata: bool = False
+
+
+@dataclass(frozen=True)
+class DedupCoverage:
+    """How the dedup table covers the curated table at one version."""
+
+    dedup_version: int  # the curated version dedup last ran over
+    curated_version: int
+    uncovered: int  # curated rows added, or whose image changed, since: not deduplicated
+    removed: int  # rows dedup has that the curated table no longer has
+
+    @property
+    def stale(self) -> bool:
+        return bool(self.uncovered or self.removed)
+
+
+def dedup_params(cfg: DedupConfig) -> str:
+    """The settings a dedup result depends on, as recorded in its table."""
+    return json.dumps({"threshold": cfg.threshold, "bands": cfg.bands}, sort_keys=True)
+
+
+def source_counts(by: dict[str, dict[str, int]], sources: Sequence[str]
+                  ) -> tuple[SourceDedup, ...]:
+    """Per source (configured ones first, in order; others after, by name), from the
+    stats' rows per source and kind."""
+    names = list(sources) + sorted(set(by) - set(sources))
+    return tuple(
+        SourceDedup(name, sum(by.get(name, {}).values()), by.get(name, {}).get("canonical", 0),
+                    by.get(name, {}).get("exact", 0), by.get(name, {}).get("near", 0))
+        for name in names
+    )
+
+
+class DedupTable:
+    """The dedup table of one root, asked through one Spark session."""
+
+    schema = DEDUP_SCHEMA
+
+    def __init__(self, spark: SparkSession, cfg: Config):
+        self.spark, self.cfg = spark, cfg
+        paths = tables.layout(cfg)
+        self.path, self.curated_path = paths.dedup, paths.curated
+        self.params = dedup_params(cfg.dedup)
+
+    # ------------------------------------------------------------------ reads
+
+    def read(self) -> DataFrame:
+        """Every assignment (ASSIGNMENT_COLUMNS)."""
+        return self.spark.read.format("delta").load(self.path).select(*ASSIGNMENT_COLUMNS)
+
+    def version(self) -> int | None:
+        """The table's latest Delta version; None when dedup never ran."""
+        return tables.delta_version(self.spark, self.path)
+
+    def state(self) -> dict[str, str] | None:
+        """The table's lakeshard properties, or None when dedup never ran (read from the
+        table's log: no Spark job)."""
+        props = tables.delta_properties(self.spark, self.path)
+        if props is None:
+            return None
+        return {k: v for k, v in props.items() if k.startswith("lakeshard.")}
+
+    def stats(self, state: dict | None) -> dict | None:
+        """The recorded stats (``by``, ``clusters``, ``sizes``) if they still describe
+        the table: recorded with the present settings, in the present format, readable,
+        and no commit since the run that recorded them (its properties commit aside).
+        None otherwise: the table must be counted (:meth:`count_stats`)."""
+        if state is None or state.get(DEDUP_PARAMS) != self.params or DEDUP_STATS not in state:
+            return None
+        try:
+            stats = json.loads(state[DEDUP_STATS])
+        except ValueError:
+            log.info("dedup: unreadable %s: counting the table", DEDUP_STATS)
+            return None
+        recorded = stats.get("table_version") if isinstance(stats, dict) else None
+        if not isinstance(recorded, int) or not all(k in stats for k in ("by", "sizes",
+                                                                          "clusters")):
+            return None
+        if self.version() not in (recorded, recorded + 1):
+            return None
+        return stats
+
+    def count_stats(self) -> dict:
+        """The stats counted from the table (two Spark jobs)."""
+        table = self.spark.read.format("delta").load(self.path)
+        by: dict[str, dict[str, int]] = {}
+        for r in table.groupBy("source", "dup_kind").count().collect():
+            by.setdefault(r["source"], {})[r["dup_kind"]] = r["count"]
+        sizes = {r["cluster_size"]: r["count"] for r in table.where("cluster_size > 1")
+                 .select("dup_cluster_id", "cluster_size").distinct()
+                 .groupBy("cluster_size").count().collect()}
+        return {"by": by, "clusters": sum(sizes.values()), "sizes": size_histogram(sizes)}
+
+    def current_stats(self, state: dict | None) -> dict:
+        """The recorded stats when they describe the table, else counted."""
+        stats = self.stats(state)
+        return stats if stats is not None else self.count_stats()
+
+    def covers_rows(self, covered: int, version: int) -> bool:
+        """Whether curated `version` holds the rows of the covered version (only columns
+        added or rewritten in between), from the fragments' metadata."""
+        return covered == version or dedup_increment.same_rows(self.curated_path, covered,
+                                                               version)
+
+    def coverage(self, curated_version: int) -> DedupCoverage | None:
+        """Whether the table still covers the curated table's rows at
+        `curated_version`; None when dedup never ran.
+
+        Compared as rows, not version numbers: a version that only added or rewrote
+        columns holds the same rows, which the fragments' row counts show without a
+        Spark job. Otherwise one Spark job compares ``(sample_id, image_sha256)`` of
+        both tables."""
+        state = self.state()
+        if state is None:
+            return None
+        covered = int(state.get(DEDUP_CURATED_VERSION, -1))
+        if self.covers_rows(covered, curated_version):
+            return DedupCoverage(covered, curated_version, 0, 0)
+        curated = (self.spark.read.format("lance").option("version", str(curated_version))
+                   .option("columns", "sample_id,image_sha256").load(self.curated_path)
+                   .select("sample_id", F.col("image_sha256").alias("_now")))
+        known = self.read().select("sample_id", F.col("image_sha256").alias("_then"))
+        counts = curated.join(known, "sample_id", "full_outer").agg(
+            F.sum((F.col("_now").isNotNull() & ~F.col("_now").eqNullSafe(F.col("_then")))
+                  .cast("long")).alias("uncovered"),
+            F.sum(F.col("_now").isNull().cast("long")).alias("removed"),
+        ).first()
+        return DedupCoverage(covered, curated_version, int(counts["uncovered"] or 0),
+                             int(counts["removed"] or 0))
+
+    def non_canonical_ids(self, curated_version: int) -> DataFrame | None:
+        """``sample_id`` of the rows exports leave out (non-canonical duplicates), or
+        None when dedup never ran. Warns when rows were added, changed or removed since
+        dedup last ran (not when a later version only added columns)."""
+        coverage = self.coverage(curated_version)
+        if coverage is None:
+            log.warning("no dedup table at %s: exporting without dedup", self.path)
+            return None
+        if coverage.stale:
+            log.warning(
+                "dedup covers curated version %s; at version %s, %d row(s) were added or "
+                "changed since (exported without dedup) and %d removed (their clusters "
+                "may lose their canonical member): run `lakeshard dedup`",
+                coverage.dedup_version, curated_version, coverage.uncovered,
+                coverage.removed,
+            )
+        return self.read().where("NOT is_canonical").select("sample_id")
+
+    # ------------------------------------------------------------------ the writer
+
+    def write(self, changes: DataFrame | list[dict], removed: DataFrame | list[str], *,
+              state: dict | None, covers: int | None, stats: dict | None = None,
+              inserts_only: bool = False) -> tuple[int, dict | None]:
+        """The one writer of the table: upsert `changes` (rows whose assignment changed),
+        delete `removed` (ids gone from the curated table), then record what the table
+        now covers (`covers`, a curated version; None records nothing) and its `stats`
+        (None: counted after the write). Rows the driver planned (Python lists) that
+        only insert (`inserts_only`: no id the table holds) are appended by delta-rs
+        (no Spark job); anything else is one MERGE. The properties are set last, so that
+        a run killed before is not taken for up to date. Returns the Delta version
+        after, and the stats recorded."""
+        from delta.tables import DeltaTable
+
+        if state is None:
+            DeltaTable.createIfNotExists(self.spark).location(self.path).addColumns(
+                DEDUP_SCHEMA).execute()
+        if isinstance(changes, list):
+            self._write_rows(changes, removed, inserts_only=inserts_only)
+        else:
+            merge_dedup(self.spark, self.path, changes, removed, ASSIGNMENT_COLUMNS)
+        if covers is None:
+            return self.version(), None
+        if stats is None:
+            self.spark.sparkContext.setJobDescription("lakeshard dedup: stats")
+            stats = self.count_stats()
+        props = {DEDUP_PARAMS: self.params, DEDUP_CURATED_VERSION: str(covers),
+                 DEDUP_STATS: json.dumps({**stats, "table_version": self.version()},
+                                         sort_keys=True)}
+        if state is None or any(state.get(k) != v for k, v in props.items()):
+            set_properties(self.spark, self.path, props)
+        return self.version(), stats
+
+    def _write_rows(self, changes: list[dict], removed: list[str], *,
+                    inserts_only: bool) -> None:
+        import pyarrow as pa
+
+        fields = DEDUP_SCHEMA.fieldNames()
+        if not changes and not removed:
+            return
+        if inserts_only and not removed and append_rows(
+                pa.Table.from_pylist([{f: r[f] for f in fields} for r in changes]),
+                self.path, DEDUP_SCHEMA):
+            return
+        rows = self.spark.createDataFrame([tuple(r[f] for f in fields) for r in changes],
+                                          DEDUP_SCHEMA)
+        gone = self.spark.createDataFrame([(i,) for i in removed], "sample_id string")
+        merge_dedup(self.spark, self.path, rows, gone, ASSIGNMENT_COLUMNS)
+
+    # ------------------------------------------------------------------ the entry point
+
+    def update(self, run_id: str, *, full: bool = False,
+               new_settings: Literal["full", "defer"] = "full") -> DedupResult:
+        """Bring the table up to date with the curated table's current version, by the
+        cheapest path that gives the same table: from the properties alone (nothing
+        changed), planned in the driver (an increment within ``dedup.driver_max_rows``),
+        or planned by Spark over the table (a first, full or large run).
+
+        Settings other than the recorded ones make the run a full one; with
+        ``new_settings="defer"`` (a takedown, which must not wait for a full search)
+        the rows gone from the curated table leave and the full run is left to the
+        next dedup."""
+        version = tables.open_curated(self.cfg).version
+        state = self.state()
+        changed_settings = state is not None and state.get(DEDUP_PARAMS) != self.params
+        if changed_settings and new_settings == "defer":
+            return self._remove_gone(state, version, run_id)
+        if not full and (done := self._up_to_date(state, version)) is not None:
+            return done
+        if not full and (done := self._driver_increment(state, version, run_id)):
+            return done
+        if changed_settings:
+            log.info("dedup: threshold/bands changed (%s -> %s): full run",
+                     state.get(DEDUP_PARAMS), self.params)
+        return self._spark_plan(state, version, run_id, full=full or changed_settings)
+
+    def _sources(self) -> list[str]:
+        return [s.name for s in self.cfg.sources]
+
+    def _curated_rows(self, version: int) -> DataFrame:
+        return (self.spark.read.format("lance").option("version", str(version))
+                .option("columns", ",".join(ROW_COLUMNS)).load(self.curated_path))
+
+    def _up_to_date(self, state: dict | None, version: int) -> DedupResult | None:
+        """The result of a run with nothing to do, from the properties alone and the
+        curated table's fragment metadata -- no table is read; None when there is
+        something to do (or the stats cannot be trusted)."""
+        stats = self.stats(state)
+        if stats is None:
+            return None
+        if not self.covers_rows(int(state.get(DEDUP_CURATED_VERSION, -1)), version):
+            return None
+        return DedupResult(self.path, self.version(), "incremental", version, 0, 0, 0, 0, 0,
+                           stats["clusters"], source_counts(stats["by"], self._sources()),
+                           from_metadata=True)
+
+    def _driver_increment(self, state: dict | None, version: int,
+                          run_id: str) -> DedupResult | None:
+        """An increment planned in the driver from the rows it touches
+        (:mod:`etl.lakehouse.dedup_increment`), or None to plan over the table in Spark:
+        more rows touched than ``dedup.driver_max_rows``, or stats that no longer
+        describe the table."""
+        limit = self.cfg.dedup.driver_max_rows
+        stats = self.stats(state) if limit else None
+        if stats is None:
+            return None
+        sc = self.spark.sparkContext
+        sc.setJobDescription("lakeshard dedup: rows the increment touches")
+        try:
+            rows = dedup_increment.touched_rows(
+                self.spark, self.curated_path, self.read(), self.cfg.dedup,
+                covered=int(state.get(DEDUP_CURATED_VERSION, -1)), version=version,
+                limit=limit, scan_rows=DRIVER_SCAN_ROWS)
+        finally:
+            sc.setJobDescription(None)
+        if rows is None:
+            return None
+        plan = plan_local(rows.current, rows.prior.values(), self.cfg.dedup, run_id)
+        sc.setJobDescription("lakeshard dedup: merge Delta dedup")
+        stats = update_stats(stats, plan.changes, plan.removed, rows.prior)
+        # Only new rows, none of them joining a stored row's cluster (a night of new,
+        # distinct pictures): an append does what the MERGE would.
+        inserts_only = not any(r["sample_id"] in rows.prior for r in plan.changes)
+        delta_version, _ = self.write(plan.changes, plan.removed, state=state,
+                                      covers=version, stats=stats, inserts_only=inserts_only)
+        sc.setJobDescription(None)
+        return DedupResult(
+            self.path, delta_version, "incremental (driver)", version, plan.new_rows,
+            plan.pairs, 0, len(plan.changes), len(plan.removed), stats["clusters"],
+            source_counts(stats["by"], self._sources()),
+        )
+
+    def _spark_plan(self, state: dict | None, version: int, run_id: str, *,
+                    full: bool) -> DedupResult:
+        """The plan over the whole table, in Spark."""
+        sc = self.spark.sparkContext
+        prior = self.read() if state is not None else None
+        mode = "full" if full or prior is None else "incremental"
+        sc.setJobDescription(f"lakeshard dedup: plan ({mode})")
+        plan = plan_dedup(self._curated_rows(version), prior, self.cfg.dedup, run_id,
+                          full=full)
+        changed, removed = plan.changes.count(), plan.removed.count()
+        sc.setJobDescription("lakeshard dedup: merge Delta dedup")
+        delta_version, stats = self.write(
+            *((plan.changes, plan.removed) if changed or removed else ([], [])),
+            state=state, covers=version)
+        sc.setJobDescription(None)
+        return DedupResult(
+            self.path, delta_version, mode, version, plan.new_rows, plan.pairs, plan.rounds,
+            changed, removed, stats["clusters"], source_counts(stats["by"], self._sources()),
+        )
+
+    def _remove_gone(self, state: dict, version: int, run_id: str) -> DedupResult:
+        """Settings changed and the full run deferred: only the rows gone from the
+        curated table leave (no properties change: the next dedup runs in full)."""
+        current = self._curated_rows(version).select("sample_id")
+        gone = self.read().select("sample_id").join(current, "sample_id", "left_anti") \
+            .localCheckpoint(eager=True)
+        n = gone.count()
+        if n:
+            self.write(self.read().limit(0), gone, state=state, covers=None)
+        return DedupResult(self.path, self.version(), "incremental", version, 0, 0, 0, 0, n,
+                           0, ())
