@@ -11,15 +11,20 @@ and writes it; this module is the stage and what it prints.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
 
 from etl import tables
 from etl.config import Config
 from etl.lakehouse.dedup_table import DedupResult, DedupTable, SourceDedup
-from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.options import flag
+from etl.runtime.stage import Metrics, RunContext, StageResult
 
-__all__ = ["SourceDedup", "DedupResult", "dedup", "format_dedup", "stage", "check"]
+__all__ = [
+    "SourceDedup", "DedupResult", "dedup", "format_dedup", "DedupOptions", "stage", "check",
+    "render",
+]
 
 log = logging.getLogger(__name__)
 
