@@ -32,7 +32,7 @@ from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config, SourceConfig
-from etl.lakehouse.counts import manifest_counts
+from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.derived import DerivedState
 from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.lakehouse.maintenance import (
@@ -45,7 +45,7 @@ from etl.lakehouse.maintenance import (
 )
 from etl.runtime.faults import fault_point
 from etl.runtime.stage import RowTally, RunContext, StageResult
-from etl.schema import REMOVED, UPSTREAM_COLUMNS, sample_id_col
+from etl.schema import UPSTREAM_COLUMNS, sample_id_col
 from etl.sources import adapter_for, finish_ingest
 from etl.transforms.accounting import (
     SourceCounts,
@@ -56,7 +56,6 @@ from etl.transforms.accounting import (
 )
 from etl.transforms.bronze import (
     CONTAINER_FAILURES,
-    known_fingerprint,
     live,
     manifest_rows,
     mark_duplicate_keys,
@@ -65,7 +64,6 @@ from etl.transforms.bronze import (
     refuse_taken_down,
     removed_records,
     retried,
-    takedown_identifiers,
     unchanged_containers,
 )
 from etl.transforms.fetch import fetch_images
@@ -77,13 +75,6 @@ from etl.transforms.prepare import (
     prepare_images,
     rejected_rows,
 )
-from etl.writers.delta import (
-    merge_accounting,
-    merge_manifest,
-    merge_rejects,
-    update_takedowns,
-)
-from etl.writers.lance import delete_rows
 
 __all__ = ["CurateResult", "list_sources", "curate", "stage"]
 
@@ -134,7 +125,7 @@ def list_sources(spark: SparkSession, cfg: Config,
     return reduce(DataFrame.unionByName, frames)
 
 
-def _skipped_containers(cfg: Config, manifest: DataFrame | None
+def _skipped_containers(cfg: Config, cat: Catalog, manifest: DataFrame | None
                         ) -> tuple[dict[str, frozenset[str]], dict[str, int]]:
     """Per source: unchanged containers (tar shards) and the records they hold."""
     skip: dict[str, frozenset[str]] = {}
@@ -145,32 +136,17 @@ def _skipped_containers(cfg: Config, manifest: DataFrame | None
         listed = adapter_for(s.kind).containers(s)
         if not listed:
             continue
-        gone = (F.col("status") == REMOVED) & (F.col("reason") == "source_removed")
-        known = (
-            manifest.where((F.col("source") == s.name) & ~gone)
-            .groupBy("source_uri", known_fingerprint()).count().collect()
-        )
+        known = cat.manifest.container_groups(manifest, s.name)
         skip[s.name], counts[s.name] = unchanged_containers(listed, known)
     return skip, counts
 
 
-# Up to this many records written in a run are replaced by one Lance merge-delete from
-# the driver (no Spark job), more by a Spark join first; and, when all are new to the
-# manifest, appended to it from the driver (delta-rs) instead of a MERGE.
-_DRIVER_IDS = 100_000
 
 
-def _replace_changed(spark: SparkSession, curated_path: str, ids: DataFrame,
-                     count: int) -> int:
+def _replace_changed(spark: SparkSession, cfg: Config, ids: DataFrame, count: int) -> int:
     """Delete curated rows of records being (re)written now (`count` of them): changed
     records, and rows a run that died before recording its manifest left behind."""
-    if not tables.lance_exists(curated_path):
-        return 0
-    if count <= _DRIVER_IDS:  # Lance joins them against the table itself
-        return delete_rows(curated_path, [r.sample_id for r in ids.collect()])
-    existing = spark.read.format("lance").option("columns", "sample_id").load(curated_path)
-    stale = [r.sample_id for r in existing.join(ids, "sample_id", "left_semi").collect()]
-    return delete_rows(curated_path, stale)
+    return Catalog.of(spark, cfg).curated.replace(spark, ids, count)
 
 
 def _version_key(source: SourceConfig) -> str:
@@ -203,16 +179,13 @@ def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: dateti
                       ) -> RemovalResult | None:
     """Takedown requests recorded but not applied (a `lakeshard forget` that died
     midway): their records leave every table now."""
-    paths = tables.layout(cfg)
-    takedowns = tables.read_delta(spark, paths.takedowns)
-    manifest = tables.read_delta(spark, paths.manifest)
-    if takedowns is None or manifest is None:
-        return None
-    pending = takedowns.where(F.col("applied_at").isNull())
-    if pending.isEmpty():
+    cat = Catalog.of(spark, cfg)
+    manifest = cat.manifest.read()
+    pending = cat.takedowns.pending() if manifest is not None else None
+    if pending is None:
         return None
     result = remove_taken_down(spark, cfg, manifest, pending, run_id=run_id, now=now)
-    mark_applied(spark, paths.takedowns, result, now=now)
+    mark_applied(spark, cat.takedowns.path, result, now=now)
     log.warning("curate: finished %d takedown record(s) a forget had left unapplied",
                 result.total)
     return result
@@ -265,17 +238,6 @@ def _find_removals(spark: SparkSession, cfg: Config, manifest: DataFrame,
     return reduce(DataFrame.unionByName, parts), scans
 
 
-def _accepted_in_manifest(spark: SparkSession, paths: tables.Layout) -> int:
-    """Manifest rows with status ``accepted``: counted per data file and kept
-    (:mod:`etl.lakehouse.counts`), so a night reads the files its MERGE wrote, not the
-    manifest; Spark counts a table delta-rs does not read."""
-    counts = manifest_counts(paths)
-    if counts is None:
-        return spark.read.format("delta").load(paths.manifest).where(
-            "status = 'accepted'").count()
-    return int(counts.loc[counts["status"] == "accepted", "count"].sum())
-
-
 @contextmanager
 def _job(spark: SparkSession, step: str) -> Iterator[None]:
     """Spark jobs started inside are labelled ``lakeshard curate: <step>`` (UI, event log)."""
@@ -308,17 +270,12 @@ class _Diff:
         return out
 
 
-def _diff_sources(spark: SparkSession, cfg: Config, paths: tables.Layout) -> _Diff:
-    manifest = tables.read_delta(spark, paths.manifest)
-    if manifest is not None:
-        manifest = manifest.localCheckpoint(eager=True)  # read before it is merged into
-    takedowns = tables.read_delta(spark, paths.takedowns)
-    refused = None
-    if takedowns is not None:
-        refused = takedown_identifiers(takedowns).localCheckpoint(eager=True)
+def _diff_sources(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff:
+    manifest = cat.manifest.snapshot()  # read before it is merged into
+    refused = cat.takedowns.identifiers()
     versions = {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources
                 if s.on_removed == "delete"}
-    skip, skipped = _skipped_containers(cfg, manifest)
+    skip, skipped = _skipped_containers(cfg, cat, manifest)
     listed = mark_unchanged(list_sources(spark, cfg, skip, versions), manifest).persist(
         StorageLevel.MEMORY_AND_DISK
     )
@@ -435,7 +392,7 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
     replaced = 0
     if prep.processed:  # a run with nothing new writes nothing but its accounting
         replaced = _replace_changed(
-            spark, paths.curated,
+            spark, cfg,
             prep.rows.where(F.col("occurrence") == 1).select("sample_id"), prep.processed,
         )
     if prep.accepted or not tables.lance_exists(paths.curated):
@@ -447,17 +404,15 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
     return replaced
 
 
-def _record_bronze(spark: SparkSession, paths: tables.Layout, diff: _Diff, prep: _Prepared,
-                   run_id: str, now: datetime) -> None:
+def _record_bronze(cat: Catalog, diff: _Diff, prep: _Prepared, run_id: str,
+                   now: datetime) -> None:
     """MERGE this run's rejects and manifest rows into Delta."""
     if not prep.processed and diff.manifest is not None:
         return
-    # Nothing rejected this run: a MERGE would insert nothing (once the table exists).
-    if prep.processed > prep.accepted or not tables.delta_exists(paths.rejects):
-        merge_rejects(spark, rejected_rows(prep.rows, run_id=run_id), paths.rejects)
-    merge_manifest(spark, manifest_rows(prep.rows, run_id=run_id, ingested_at=now),
-                   paths.manifest,
-                   before=diff.manifest if prep.processed <= _DRIVER_IDS else None)
+    cat.rejects.merge(rejected_rows(prep.rows, run_id=run_id),
+                      any_rejected=prep.processed > prep.accepted)
+    cat.manifest.merge(manifest_rows(prep.rows, run_id=run_id, ingested_at=now),
+                       count=prep.processed, before=diff.manifest)
 
 
 def _apply_removals(spark: SparkSession, cfg: Config, removals: _Removals, run_id: str,
@@ -471,36 +426,31 @@ def _apply_removals(spark: SparkSession, cfg: Config, removals: _Removals, run_i
                           retention_hours=cfg.lakehouse.removal_retention_hours)
 
 
-def _record_accounting(spark: SparkSession, cfg: Config, paths: tables.Layout, diff: _Diff,
-                       prep: _Prepared, removals: _Removals,
-                       removed: list[RemovalResult | None], run_id: str,
+def _record_accounting(cfg: Config, cat: Catalog, diff: _Diff, prep: _Prepared,
+                       removals: _Removals, removed: list[RemovalResult | None], run_id: str,
                        now: datetime) -> tuple[SourceCounts, ...]:
     """Per source and outcome: the run's accounting rows, MERGEd into Delta; the counts."""
     counts = [c for r in removed if r is not None for c in r.counts]
     unchanged = diff.unchanged
-    merge_accounting(spark, accounting_rows(prep.outcome, unchanged, run_id=run_id,
-                                            run_at=now, removed=counts),
-                     paths.accounting)
+    cat.accounting.record(accounting_rows(prep.outcome, unchanged, run_id=run_id,
+                                          run_at=now, removed=counts))
     return source_counts(prep.outcome_rows, [s.name for s in cfg.sources], unchanged,
                          counts, removals.scans)
 
 
-def _purge_due(spark: SparkSession, cfg: Config, paths: tables.Layout, now: datetime) -> None:
+def _purge_due(cat: Catalog, now: datetime) -> None:
     """Removed rows' versions past their retention; takedowns whose bytes that frees."""
-    if not tables.lance_exists(paths.curated):
+    if not cat.curated.exists():
         return
-    purged, _, _ = run_due_purges(paths.curated, now)
-    if purged and tables.read_delta(spark, paths.takedowns) is not None:
-        oldest = min(int(v["version"]) for v in tables.open_curated(cfg).versions())
-        update_takedowns(spark, paths.takedowns,
-                         f"purged_at IS NULL AND purge_version <= {oldest}",
-                         {"purged_at": now})
+    purged, _, _ = run_due_purges(cat.curated.path, now)
+    if purged:
+        cat.takedowns.mark_purged(cat.curated.oldest_version(), now)
 
 
-def _closing_check(spark: SparkSession, cfg: Config, paths: tables.Layout):
+def _closing_check(cat: Catalog):
     """The curated table as left, once its row count is checked against the manifest."""
-    ds = tables.open_curated(cfg)
-    in_manifest = _accepted_in_manifest(spark, paths)
+    ds = cat.curated.open()
+    in_manifest = cat.manifest.accepted()
     if ds.count_rows() != in_manifest:
         raise RuntimeError(
             f"curated table has {ds.count_rows()} rows, the manifest {in_manifest} accepted"
@@ -546,17 +496,16 @@ def _sources_key(cfg: Config) -> dict[str, list[str]] | None:
     return out
 
 
-def _check_quiet(spark: SparkSession, cfg: Config, paths: tables.Layout) -> _Quiet:
+def _check_quiet(cfg: Config, cat: Catalog) -> _Quiet:
     sources = _sources_key(cfg)  # listed before any table is read
-    manifest = tables.delta_version(spark, paths.manifest)
-    if sources is None or manifest is None or not tables.lance_exists(paths.curated):
+    manifest = cat.manifest.version()
+    if sources is None or manifest is None or not cat.curated.exists():
         return _Quiet(None if sources is None else {"sources": sources}, None)
-    key = {"sources": sources, "manifest": manifest,
-           "takedowns": tables.delta_version(spark, paths.takedowns)}
+    key = {"sources": sources, "manifest": manifest, "takedowns": cat.takedowns.version()}
     return _Quiet(key, _quiet_state(cfg).load(key))
 
 
-def _remember_quiet(spark: SparkSession, cfg: Config, paths: tables.Layout, quiet: _Quiet,
+def _remember_quiet(spark: SparkSession, cfg: Config, cat: Catalog, quiet: _Quiet,
                     diff: _Diff, prep: _Prepared, removals: _Removals) -> None:
     """Written after the run's last commit, when a rerun on the same listing would find
     every record unchanged: nothing processed is retried (or a second copy of a key),
@@ -578,38 +527,43 @@ def _remember_quiet(spark: SparkSession, cfg: Config, paths: tables.Layout, quie
         version = diff.versions.get(s.name)
         scans[s.name] = ("kept" if s.on_removed == "keep" else "listing" if version is None
                          else adapter_for(s.kind).deleted_keys(spark, s, version, version)[1])
-    key = {**quiet.key, "manifest": tables.delta_version(spark, paths.manifest),
-           "takedowns": tables.delta_version(spark, paths.takedowns)}
+    key = {**quiet.key, "manifest": cat.manifest.version(),
+           "takedowns": cat.takedowns.version()}
     state.save(key, {"unchanged": unchanged, "scans": scans,
                      "versions": removals.source_versions})
 
 
-def _quiet_night(spark: SparkSession, cfg: Config, paths: tables.Layout, quiet: _Quiet,
+def _quiet_night(spark: SparkSession, cfg: Config, cat: Catalog, quiet: _Quiet,
                  run_id: str, now: datetime) -> CurateResult:
     """Nothing changed since the last run: its unchanged counts are tonight's."""
     unchanged = {k: int(v) for k, v in quiet.payload["unchanged"].items()}
     with _job(spark, "nothing changed: record accounting"):
-        merge_accounting(spark, quiet_accounting(unchanged, run_id=run_id, run_at=now),
-                         paths.accounting)
-        _purge_due(spark, cfg, paths, now)
-    ds = _closing_check(spark, cfg, paths)
+        cat.accounting.record(quiet_accounting(unchanged, run_id=run_id, run_at=now))
+        _purge_due(cat, now)
+    ds = _closing_check(cat)
     counts = source_counts([], [s.name for s in cfg.sources], unchanged, (),
                            quiet.payload["scans"])
-    return CurateResult(paths.curated, ds.version, ds.count_rows(), paths.rejects,
-                        paths.manifest, paths.accounting, counts, None,
-                        {k: int(v) for k, v in quiet.payload["versions"].items()})
+    return _result(cat, ds, counts, None,
+                   {k: int(v) for k, v in quiet.payload["versions"].items()}, ())
+
+
+def _result(cat: Catalog, ds, counts: tuple[SourceCounts, ...], purge: PurgeResult | None,
+            versions: dict[str, int], examples: tuple[str, ...]) -> CurateResult:
+    return CurateResult(cat.curated.path, ds.version, ds.count_rows(), cat.rejects.path,
+                        cat.manifest.path, cat.accounting.path, counts, purge, versions,
+                        examples=examples)
 
 
 def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
-    paths = tables.layout(cfg)
+    paths, cat = tables.layout(cfg), Catalog.of(spark, cfg)
     now = datetime.now(UTC).replace(tzinfo=None)
-    quiet = _check_quiet(spark, cfg, paths)
+    quiet = _check_quiet(cfg, cat)
     if quiet.hit:
-        return _quiet_night(spark, cfg, paths, quiet, run_id, now)
+        return _quiet_night(spark, cfg, cat, quiet, run_id, now)
     with _job(spark, "finish pending takedowns"):  # before anything reads the manifest
         pending = _finish_takedowns(spark, cfg, run_id, now)
     with _job(spark, "list sources, compare with the manifest"):
-        diff = _diff_sources(spark, cfg, paths)
+        diff = _diff_sources(spark, cfg, cat)
         removals = _find_removed(spark, cfg, diff)
     with _job(spark, "fetch + prepare new records"):
         prep = _fetch_and_prepare(spark, cfg, paths, diff)
@@ -618,21 +572,19 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         _write_curated(spark, cfg, paths, prep, run_id, now)
     fault_point("curate:lance_written")
     with _job(spark, "merge Delta rejects, manifest, accounting"):
-        _record_bronze(spark, paths, diff, prep, run_id, now)
+        _record_bronze(cat, diff, prep, run_id, now)
         gone = _apply_removals(spark, cfg, removals, run_id, now)
-        counts = _record_accounting(spark, cfg, paths, diff, prep, removals, [pending, gone],
-                                    run_id, now)
-        _purge_due(spark, cfg, paths, now)
+        counts = _record_accounting(cfg, cat, diff, prep, removals, [pending, gone], run_id,
+                                    now)
+        _purge_due(cat, now)
     for df in (prep.outcome, prep.rows, diff.listed):
         if df is not None:
             df.unpersist()
-    ds = _closing_check(spark, cfg, paths)
+    ds = _closing_check(cat)
     _remember_versions(cfg, diff, removals)
-    _remember_quiet(spark, cfg, paths, quiet, diff, prep, removals)
+    _remember_quiet(spark, cfg, cat, quiet, diff, prep, removals)
     purge = next((r.purge for r in (gone, pending) if r is not None and r.purge), None)
-    return CurateResult(paths.curated, ds.version, ds.count_rows(), paths.rejects,
-                        paths.manifest, paths.accounting, counts, purge,
-                        removals.source_versions, examples=prep.examples)
+    return _result(cat, ds, counts, purge, removals.source_versions, prep.examples)
 
 
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:

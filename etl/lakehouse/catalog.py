@@ -1,0 +1,209 @@
+"""The tables a run writes, one object each: its path and schema, how it is read, its
+writes and its named queries -- and, inside it, the choice between the driver path
+(delta-rs, pylance: no Spark job) and the Spark path.
+
+::
+
+    catalog = Catalog.of(spark, cfg)
+    catalog.manifest.snapshot()      # the manifest as this run read it, or None
+    catalog.curated.replace(ids, n)  # delete the rows of records being rewritten
+    catalog.takedowns.pending()      # requests recorded but not applied
+
+Driver or Spark. A batch of up to :data:`DRIVER_IDS` record ids is handled on the driver
+(a Lance merge-delete against the table itself; a manifest append by delta-rs when none
+of them is in the manifest yet); a larger one by a Spark join first. The dedup table's
+own planners and their thresholds are :class:`etl.lakehouse.dedup_table.DedupTable`;
+the corpus-wide counts are :mod:`etl.lakehouse.counts`. Each pair of paths is tested
+equal on the same data (``tests/test_catalog.py``).
+
+`etl.tables` names the tables and where they live; the writes themselves (MERGE
+conditions, delta-rs appends) are :mod:`etl.writers.delta` and :mod:`etl.writers.lance`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from etl import tables
+from etl.config import Config
+from etl.lakehouse.counts import MANIFEST_COLUMNS, delta_counts
+from etl.lakehouse.indexes import ensure_scalar_indexes
+from etl.schema import REMOVED
+from etl.transforms.bronze import known_fingerprint, takedown_identifiers
+from etl.writers.delta import (
+    delete_rejects,
+    mark_removed,
+    merge_accounting,
+    merge_manifest,
+    merge_rejects,
+    update_takedowns,
+)
+from etl.writers.lance import delete_rows
+
+__all__ = ["DRIVER_IDS", "Manifest", "Rejects", "Accounting", "Takedowns", "Curated",
+           "Catalog"]
+
+# Up to this many record ids a run writes or removes are handled on the driver (see the
+# module docstring), more by a Spark job first.
+DRIVER_IDS = 100_000
+
+
+@dataclass(frozen=True)
+class _DeltaTable:
+    spark: SparkSession
+    path: str
+
+    def read(self) -> DataFrame | None:
+        """The table as a DataFrame, None if there is none yet."""
+        return tables.read_delta(self.spark, self.path)
+
+    def exists(self) -> bool:
+        return tables.delta_exists(self.path)
+
+    def version(self) -> int | None:
+        """Its latest version, from its log (delta-rs; Spark for a table it cannot read)."""
+        return tables.delta_version(self.spark, self.path)
+
+
+@dataclass(frozen=True)
+class Manifest(_DeltaTable):
+    """One row per source record: accepted, rejected (stage, reason) or removed."""
+
+    counts_cache: str = ""  # where its per-file counts are kept (etl.lakehouse.counts)
+
+    def snapshot(self) -> DataFrame | None:
+        """The manifest as this run read it, materialised before the run merges into it."""
+        manifest = self.read()
+        return None if manifest is None else manifest.localCheckpoint(eager=True)
+
+    def accepted(self) -> int:
+        """Rows with status ``accepted``: from the counts kept per data file
+        (:mod:`etl.lakehouse.counts`), so a night reads the files its MERGE wrote, not
+        the manifest; Spark counts a table delta-rs does not read."""
+        counts = delta_counts(self.path, MANIFEST_COLUMNS, self.counts_cache)
+        if counts is None:
+            return self.read().where("status = 'accepted'").count()
+        return int(counts.loc[counts["status"] == "accepted", "count"].sum())
+
+    def container_groups(self, manifest: DataFrame, source: str) -> list:
+        """A source's records still listed, as ``(source_uri, fingerprint, count)``: what
+        tells an unchanged container (tar shard) from one to open again."""
+        gone = (F.col("status") == REMOVED) & (F.col("reason") == "source_removed")
+        return (manifest.where((F.col("source") == source) & ~gone)
+                .groupBy("source_uri", known_fingerprint()).count().collect())
+
+    def merge(self, rows: DataFrame, *, count: int, before: DataFrame | None) -> None:
+        """Upsert this run's `count` rows; a small batch none of whose records `before`
+        (the snapshot) holds is appended on the driver instead of MERGEd."""
+        merge_manifest(self.spark, rows, self.path,
+                       before=before if count <= DRIVER_IDS else None)
+
+    def mark_removed(self, removed: DataFrame, *, run_id: str, now: datetime) -> None:
+        mark_removed(self.spark, removed, self.path, run_id=run_id, removed_at=now)
+
+
+class Rejects(_DeltaTable):
+    """Records that did not make it, and why (one row per copy of a key)."""
+
+    def merge(self, rows: DataFrame, *, any_rejected: bool) -> None:
+        """Insert this run's rejects; with none, only create the table on a first run."""
+        if any_rejected or not self.exists():
+            merge_rejects(self.spark, rows, self.path)
+
+    def delete(self, ids: DataFrame) -> None:
+        delete_rejects(self.spark, ids, self.path)
+
+
+class Accounting(_DeltaTable):
+    """Per run and source: records by outcome (see :mod:`etl.transforms.accounting`)."""
+
+    def record(self, rows) -> None:
+        """A run's rows (a DataFrame, or an Arrow table built on the driver)."""
+        merge_accounting(self.spark, rows, self.path)
+
+
+class Takedowns(_DeltaTable):
+    """Takedown requests, what they matched, and when their bytes were gone."""
+
+    def pending(self) -> DataFrame | None:
+        """Requests recorded but not applied (a `forget` that died midway), or None."""
+        takedowns = self.read()
+        if takedowns is None:
+            return None
+        pending = takedowns.where(F.col("applied_at").isNull())
+        return None if pending.isEmpty() else pending
+
+    def identifiers(self) -> DataFrame | None:
+        """Everything the table refuses (:func:`etl.transforms.bronze.takedown_identifiers`),
+        materialised; None with no table."""
+        takedowns = self.read()
+        if takedowns is None:
+            return None
+        return takedown_identifiers(takedowns).localCheckpoint(eager=True)
+
+    def mark_purged(self, oldest_version: int, now: datetime) -> None:
+        """Requests whose purge version is the oldest curated version left, or older."""
+        if self.read() is not None:
+            update_takedowns(self.spark, self.path,
+                             f"purged_at IS NULL AND purge_version <= {int(oldest_version)}",
+                             {"purged_at": now})
+
+
+@dataclass(frozen=True)
+class Curated:
+    """The curated Lance table: one row per accepted sample."""
+
+    cfg: Config
+    path: str
+
+    def exists(self) -> bool:
+        return tables.lance_exists(self.path)
+
+    def open(self, version: int | None = None):
+        return tables.open_curated(self.cfg, version)
+
+    def oldest_version(self) -> int:
+        return min(int(v["version"]) for v in self.open().versions())
+
+    def replace(self, spark: SparkSession, ids: DataFrame, count: int) -> int:
+        """Delete the rows of the `count` records in `ids` (``sample_id``) that the table
+        holds; the number deleted. Up to :data:`DRIVER_IDS`: one Lance merge-delete from
+        the driver (Lance joins them against the table itself); more: a Spark join
+        finds those present first."""
+        if not self.exists():
+            return 0
+        if count <= DRIVER_IDS:
+            return delete_rows(self.path, [r.sample_id for r in ids.collect()])
+        return delete_rows(self.path, self.present(spark, ids))
+
+    def present(self, spark: SparkSession, ids: DataFrame) -> list[str]:
+        """The ``sample_id`` s of `ids` the table holds (a Spark join)."""
+        existing = spark.read.format("lance").option("columns", "sample_id").load(self.path)
+        return [r.sample_id for r in existing.join(ids.select("sample_id"), "sample_id",
+                                                   "left_semi").collect()]
+
+    def append(self, rows: DataFrame) -> None:
+        """Append rows; the scalar indexes analysts filter by extend to the new fragments."""
+        rows.write.format("lance").mode("append").save(self.path)
+        ensure_scalar_indexes(self.path, self.cfg.lakehouse.scalar_indexes)
+
+
+@dataclass(frozen=True)
+class Catalog:
+    manifest: Manifest
+    rejects: Rejects
+    accounting: Accounting
+    takedowns: Takedowns
+    curated: Curated
+
+    @classmethod
+    def of(cls, spark: SparkSession, cfg: Config) -> Catalog:
+        paths = tables.layout(cfg)
+        return cls(Manifest(spark, paths.manifest, paths.counts_cache("manifest")),
+                   Rejects(spark, paths.rejects), Accounting(spark, paths.accounting),
+                   Takedowns(spark, paths.takedowns),
+                   Curated(cfg, paths.curated))
