@@ -11,6 +11,7 @@ import pyarrow as pa
 from support import make_config
 
 from etl import tables
+from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 
 
 def test_the_stale_dedup_warning_compares_rows_not_versions(spark, tmp_path, caplog):
@@ -31,16 +32,16 @@ def test_the_stale_dedup_warning_compares_rows_not_versions(spark, tmp_path, cap
          for i, sid in enumerate(ids)], DEDUP_SCHEMA,
     ).write.format("delta").save(dedup_path)
     spark.sql(f"ALTER TABLE delta.`{dedup_path}` SET TBLPROPERTIES "
-              f"('{tables.DEDUP_CURATED_VERSION}' = '{covered}')")
+              f"('{DEDUP_CURATED_VERSION}' = '{covered}')")
 
     def check(version) -> list[str]:
         """The warnings an export of `version` logs."""
         caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="etl.tables"):
-            tables.non_canonical_ids(spark, cfg, version)
+        with caplog.at_level(logging.WARNING, logger="etl.lakehouse.dedup_table"):
+            DedupTable(spark, cfg).non_canonical_ids(version)
         return [r.getMessage() for r in caplog.records if "dedup covers" in r.getMessage()]
 
-    assert {r.sample_id for r in tables.non_canonical_ids(spark, cfg, covered).collect()} == {
+    assert {r.sample_id for r in DedupTable(spark, cfg).non_canonical_ids(covered).collect()} == {
         "id1"}
 
     # A caption-like column (the caption stage's writer) and a schema-only column.
@@ -53,7 +54,7 @@ def test_the_stale_dedup_warning_compares_rows_not_versions(spark, tmp_path, cap
 
     # Compaction rewrites fragments but not rows: the row comparison says so.
     lance.dataset(path).optimize.compact_files(target_rows_per_fragment=100)
-    cov = tables.dedup_coverage(spark, cfg, lance.dataset(path).version)
+    cov = DedupTable(spark, cfg).coverage(lance.dataset(path).version)
     assert (cov.uncovered, cov.removed, cov.stale) == (0, 0, False)
 
     # One row appended, one changed (same id, other bytes), one deleted.
