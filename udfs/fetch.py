@@ -27,7 +27,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import pandas as pd
 from pyspark.sql import types as T
@@ -192,18 +192,50 @@ def fetch_ref(
         return FetchResult(None, INTERNAL_ERROR, internal_detail(exc))
 
 
+def _jobs(refs: list, offsets: list, lengths: list,
+          rules: RefRules | Sequence[RefRules]) -> list[tuple]:
+    per_row = [rules] * len(refs) if isinstance(rules, RefRules) else list(rules)
+    return list(zip(refs, offsets, lengths, per_row, strict=True))
+
+
 def fetch_many(
     refs: list, offsets: list, lengths: list, opts: FetchConfig,
     rules: RefRules | Sequence[RefRules] = OWN_REFS,
 ) -> list[FetchResult]:
     """Fetch a batch concurrently (threads; the per-host limits still apply). `rules`:
     one for every reference, or one per reference."""
-    per_row = [rules] * len(refs) if isinstance(rules, RefRules) else list(rules)
-    jobs = list(zip(refs, offsets, lengths, per_row, strict=True))
+    jobs = _jobs(refs, offsets, lengths, rules)
     if not jobs:
         return []
     with ThreadPoolExecutor(max_workers=max(1, min(opts.threads, len(jobs)))) as pool:
         return list(pool.map(lambda j: fetch_ref(j[0], j[1], j[2], opts, j[3]), jobs))
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """One fetch pool per size per Python worker (Spark reuses workers across tasks)."""
+    if threads not in _POOLS:
+        _POOLS[threads] = ThreadPoolExecutor(threads, thread_name_prefix="lakeshard-fetch")
+    return _POOLS[threads]
+
+
+def _submit(pool: ThreadPoolExecutor, jobs: list[tuple], opts: FetchConfig) -> list[Future]:
+    return [pool.submit(fetch_ref, ref, offset, length, opts, rules)
+            for ref, offset, length, rules in jobs]
+
+
+def _frame(futures: list[Future]) -> pd.DataFrame:
+    results = [f.result() for f in futures]  # fetch_ref never raises
+    return pd.DataFrame(
+        {
+            "bytes": [r.data for r in results],
+            "status": [r.status for r in results],
+            "detail": [None if r.detail is None else str(r.detail)[:500] for r in results],
+            "attempts": [r.attempts for r in results],
+        }
+    )
 
 
 def _none(v):
@@ -220,22 +252,21 @@ def fetch_udf(opts: FetchConfig, rules: Mapping[str, RefRules]):
     @pandas_udf(nullable_type(FETCH_TYPE))  # Spark 4.0: udfs/arrow_types.py
     def _fetch(batches: Iterator[tuple[pd.Series, pd.Series, pd.Series, pd.Series]]
                ) -> Iterator[pd.DataFrame]:
+        # One batch ahead: the next batch's downloads start before this one's rows go
+        # back to Spark (and on to the prepare step), so the network wait of one batch
+        # overlaps the decoding of the one before. The pool is first in, first out: the
+        # batch yielded next is the one whose fetches started first.
+        pool = _pool(opts.threads)
+        pending: list[Future] | None = None
         for sources, refs, offsets, lengths in batches:
-            results = fetch_many(
-                [_none(r) for r in refs],
-                [_none(o) for o in offsets],
-                [_none(n) for n in lengths],
-                opts,
-                [rules[s] for s in sources],
-            )
-            yield pd.DataFrame(
-                {
-                    "bytes": [r.data for r in results],
-                    "status": [r.status for r in results],
-                    "detail": [None if r.detail is None else str(r.detail)[:500]
-                               for r in results],
-                    "attempts": [r.attempts for r in results],
-                }
-            )
+            started = _submit(pool, _jobs([_none(r) for r in refs],
+                                          [_none(o) for o in offsets],
+                                          [_none(n) for n in lengths],
+                                          [rules[s] for s in sources]), opts)
+            if pending is not None:
+                yield _frame(pending)
+            pending = started
+        if pending is not None:
+            yield _frame(pending)
 
     return _fetch

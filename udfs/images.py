@@ -25,7 +25,7 @@ import io
 import os
 import traceback
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -329,13 +329,12 @@ def _ok(encoded, w, h, ow, oh, fmt, nbytes, dhash, flags, opts) -> PreparedImage
     )
 
 
-def _prepare_one(b, opts: PrepareConfig) -> dict:
+def _prepare_one(b, opts: PrepareConfig) -> PreparedImage:
     data = None if b is None else bytes(b)
     try:
-        result = prepare_image(data, opts)
+        return prepare_image(data, opts)
     except Exception as exc:  # noqa: BLE001 -- counted and budgeted, never "bad data"
-        result = _internal_error(exc, None if data is None else len(data))
-    return asdict(result)
+        return _internal_error(exc, None if data is None else len(data))
 
 
 _POOLS: dict[int, object] = {}
@@ -350,16 +349,23 @@ def _pool(threads: int):
     return _POOLS[threads]
 
 
+_INT_COLUMNS = frozenset(("width", "height", "original_width", "original_height",
+                          "original_size_bytes", "dhash"))
+
+
 def _prepare_batch(images: pd.Series, opts: PrepareConfig) -> pd.DataFrame:
     if opts.threads > 1 and len(images) > 1:
         rows = list(_pool(opts.threads).map(lambda b: _prepare_one(b, opts), images))
     else:
         rows = [_prepare_one(b, opts) for b in images]
-    frame = pd.DataFrame(rows, columns=PREPARED_TYPE.fieldNames())
-    for col in ("width", "height", "original_width", "original_height", "original_size_bytes",
-                "dhash"):
-        frame[col] = frame[col].astype("Int64")
-    return frame
+    # Column by column from the results' fields: no per-row dict (dataclasses.asdict
+    # deep-copies every field of every row).
+    columns = {}
+    for name in PREPARED_TYPE.fieldNames():
+        values = [getattr(r, name) for r in rows]
+        columns[name] = (pd.array(values, dtype="Int64") if name in _INT_COLUMNS
+                         else pd.Series(values))
+    return pd.DataFrame(columns, index=pd.RangeIndex(len(rows)))
 
 
 def prepare_udf(opts: PrepareConfig):
