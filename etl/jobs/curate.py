@@ -386,9 +386,14 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
     being rewritten; the number of rows replaced."""
     if prep.rows is None:
         return 0
-    accepted = accepted_rows(prep.rows, run_id=run_id, ingested_at=F.lit(now))
-    upstream = prep.rows.where(F.col("status") == "ok").select("sample_id", *UPSTREAM_COLUMNS)
-    accepted = accepted.join(upstream, "sample_id").select(*accepted.columns, *UPSTREAM_COLUMNS)
+    accepted = accepted_rows(prep.rows, run_id=run_id, ingested_at=F.lit(now),
+                             extra=UPSTREAM_COLUMNS)
+    # One Lance fragment per write task, of up to 512 accepted rows (fewer when the
+    # run's tasks hold fewer): a small night adds one fragment, not one per listing
+    # partition. Partitions of the persisted rows are merged, the JPEGs not shuffled.
+    fragments = max(1, -(-prep.accepted // 512))
+    if fragments < accepted.rdd.getNumPartitions():
+        accepted = accepted.coalesce(fragments)
     replaced = 0
     if prep.processed:  # a run with nothing new writes nothing but its accounting
         replaced = _replace_changed(

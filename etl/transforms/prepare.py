@@ -37,8 +37,10 @@ def prepare_images(ingested: DataFrame, opts: PrepareConfig) -> DataFrame:
     )
 
 
-def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column) -> DataFrame:
-    """Rows for the curated table, in its column order."""
+def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column,
+                  extra: Sequence[str] = ()) -> DataFrame:
+    """Rows for the curated table, in its column order, then the columns `extra` of
+    `prepared` as they are (from the same row: no join)."""
     p = F.col("prepared")
     columns = {c: F.col(c) for c in prepared.columns}
     columns.update({f: p[f] for f in PREPARED_TYPE.fieldNames()})
@@ -48,7 +50,7 @@ def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column) -> D
         ingested_at=ingested_at,
     )
     return prepared.where(F.col("status") == "ok").select(
-        *[columns[c].alias(c) for c in CURATED_COLUMNS]
+        *[columns[c].alias(c) for c in CURATED_COLUMNS], *[F.col(c) for c in extra]
     )
 
 
