@@ -187,6 +187,11 @@ def run_lakeshard(urls: Path, work: Path, rnd: int, args) -> dict:
     return {"wall": wall, "stage": end["seconds"], "images": accepted}
 
 
+def _load() -> str:
+    """The 1-, 5- and 15-minute load averages, as `uptime` prints them."""
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="photo URLs")
@@ -222,7 +227,7 @@ def main() -> None:
                                  "caption": [f"photo {n[:-4]}" for n in names]}), urls)
         print(f"server: {server.kind} on 127.0.0.1:{server.port}; {os.cpu_count()} cores; "
               f"img2dataset {args.processes} x {args.threads}; lakeshard local[{args.cores}]"
-              f", fetch.per_host {args.per_host}\n")
+              f", fetch.per_host {args.per_host}; load {_load()} at the start\n")
         print(f"{'round':<6} {'side':<12} {'stage s':>8} {'command s':>9} {'images':>7} "
               f"{'images/s (stage)':>17}")
         results: dict[str, list[dict]] = {"img2dataset": [], "lakeshard": []}
@@ -242,7 +247,7 @@ def main() -> None:
     ls_cmd = args.n / best["lakeshard"]["wall"]
     print(f"\nbest of {args.rounds}: img2dataset {i2d:.1f} images/s (whole command); "
           f"lakeshard curate stage {ls:.1f} images/s, whole command {ls_cmd:.1f} images/s; "
-          f"load {os.getloadavg()[0]:.2f}")
+          f"load {_load()} at the end")
     print(f"lakeshard / img2dataset: {ls / i2d:.2f} (curate stage), "
           f"{ls_cmd / i2d:.2f} (whole command)")
 

@@ -181,7 +181,8 @@ def run_set(name: str, args) -> None:
     default = PrepareConfig().threads
     if default in best:
         print(f"ratio stage/bare = {t_bare / best[default]:.2f} at the default "
-              f"prepare.threads={default} ({name} set)")
+              f"prepare.threads={default} ({name} set); load "
+              f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 def main() -> None:

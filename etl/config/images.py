@@ -89,7 +89,9 @@ class FetchConfig(Section):
     max_header_bytes: Annotated[int, Field(ge=1024, le=1024 * 1024)] = 64 * 1024
     max_redirects: Annotated[int, Field(ge=0, le=20)] = 5
     per_host: Annotated[int, Field(ge=1, le=256)] = 4  # concurrent requests per host
-    threads: Annotated[int, Field(ge=1, le=256)] = 16  # concurrent fetches per batch
+    # Concurrent fetches per Python worker: the next Arrow batch's downloads start while
+    # the current batch goes on to be prepared.
+    threads: Annotated[int, Field(ge=1, le=256)] = 16
     user_agent: Annotated[Text, AfterValidator(_header_value)] = USER_AGENT_TEMPLATE
     # Networks exempt from the address policy, which otherwise refuses loopback,
     # link-local (cloud metadata), private, shared, multicast and reserved addresses.
