@@ -56,26 +56,31 @@ def _frame(spark):
         "original_height int, ingested_at timestamp")
 
 
-def test_canonical_order_ranks_by_resolution_source_and_age(spark):
-    got = [r.sample_id for r in _frame(spark).orderBy(*canonical_order(POLICY, PRIORITY))
-           .collect()]
-    assert got == EXPECTED
+POLICIES = (POLICY, ("source_priority", "earliest"), ("earliest", "resolution"))
+
+
+@pytest.fixture(scope="module")
+def spark_orders(spark) -> dict[tuple[str, ...], list[str]]:
+    """The sample ids in canonical order, per policy, as Spark sorts them."""
+    return {policy: [r.sample_id for r in _frame(spark).orderBy(
+        *canonical_order(policy, PRIORITY)).collect()] for policy in POLICIES}
+
+
+def test_canonical_order_ranks_by_resolution_source_and_age(spark_orders):
+    assert spark_orders[POLICY] == EXPECTED
     # Source first: every mirror row before every web row, the rest after.
-    by_source = [r.sample_id for r in _frame(spark).orderBy(
-        *canonical_order(("source_priority", "earliest"), PRIORITY)).collect()]
-    assert by_source == ["no-original", "small", "big-mirror", "big-early", "same-a",
-                         "big-late", "tie-a", "tie-b"]
+    assert spark_orders[("source_priority", "earliest")] == [
+        "no-original", "small", "big-mirror", "big-early", "same-a", "big-late", "tie-a",
+        "tie-b"]
     with pytest.raises(ValueError, match="unknown dedup policy criterion 'newest'"):
         canonical_order(("newest",), ())
 
 
-def test_the_drivers_canonical_key_sorts_as_spark_does(spark):
-    rows = [r.asDict() for r in _frame(spark).collect()]
-    for policy in (POLICY, ("source_priority", "earliest"), ("earliest", "resolution")):
-        spark_order = [r.sample_id for r in _frame(spark).orderBy(
-            *canonical_order(policy, PRIORITY)).collect()]
+def test_the_drivers_canonical_key_sorts_as_spark_does(spark_orders):
+    columns = ("sample_id", "source", "width", "height", "original_width",
+               "original_height", "ingested_at")
+    rows = [dict(zip(columns, (*r[:6], datetime(2026, 1, r[6])), strict=True)) for r in ROWS]
+    for policy in POLICIES:
         local_order = [r["sample_id"] for r in sorted(rows, key=canonical_key(policy,
                                                                                PRIORITY))]
-        assert local_order == spark_order, policy
-    assert [r["sample_id"] for r in sorted(rows, key=canonical_key(POLICY, PRIORITY))] == (
-        EXPECTED)
+        assert local_order == spark_orders[policy], policy
