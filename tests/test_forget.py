@@ -100,7 +100,7 @@ def test_the_command_line_maps_to_the_request():
 
 
 def test_report_thumbnails_of_removed_records_are_deleted(tmp_path):
-    from etl.jobs.forget import _scrub_reports
+    from etl.report import scrub_reports
 
     cfg = make_config(tmp_path)
     run = tmp_path / "reports" / "r1"
@@ -111,7 +111,7 @@ def test_report_thumbnails_of_removed_records_are_deleted(tmp_path):
     (run / "contact_flagged.png").write_bytes(b"png")
     (run / "report.json").write_text(json.dumps({"contact_kept": ["a", "b"],
                                                  "contact_flagged": ["c"]}))
-    assert _scrub_reports(cfg, {"b", "zz"}) == 1
+    assert scrub_reports(cfg, {"b", "zz"}) == 1
     assert sorted(p.name for p in (run / "thumbs").iterdir()) == ["a.jpg", "c.jpg"]
     assert not (run / "contact_kept.png").exists() and (run / "contact_flagged.png").exists()
     assert json.loads((run / "report.json").read_text())["contact_kept"] == ["a"]
@@ -124,7 +124,7 @@ def test_report_thumbnails_of_removed_records_are_deleted(tmp_path):
     meta = json.loads((run / "report.json").read_text())
     meta["dedup"] = {"clusters": 2, "contact_clusters": [["a", "d"], ["e"], ["f"]]}
     (run / "report.json").write_text(json.dumps(meta))
-    assert _scrub_reports(cfg, {"d", "e"}) == 2
+    assert scrub_reports(cfg, {"d", "e"}) == 2
     assert sorted(p.name for p in (run / "thumbs").iterdir()) == ["a.jpg", "c.jpg", "f.jpg"]
     assert not (run / "contact_duplicates.png").exists()
     dedup = json.loads((run / "report.json").read_text())["dedup"]

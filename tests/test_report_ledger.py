@@ -124,6 +124,47 @@ def test_report_figures_match_the_sample_definitions(spark, finished_run):
     assert json.load(open(os.path.join(report_dir, "summary.json")))["report"] == out.report
 
 
+def test_the_report_starts_no_spark_job_when_the_driver_reads_its_figures(spark, finished_run,
+                                                                          tmp_path):
+    """Counts kept per fragment and file, the dedup stats, pylance and delta-rs: the
+    run's report ran no Spark job, and neither does drawing it again."""
+    from etl.report import write_report
+
+    cfg, out, _ = finished_run
+    tracker = spark.sparkContext.statusTracker()
+    assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-report") == []
+    sc = spark.sparkContext
+    sc.setJobGroup("report-again", "the report drawn again")
+    try:
+        index = write_report(spark, cfg, out, str(tmp_path))
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert tracker.getJobIdsForGroup("report-again") == []
+    # The same figures as the run's own report (whose time the timings now include).
+    again = json.load(open(tmp_path / "report.json"))
+    first = json.load(open(os.path.join(os.path.dirname(out.report), "report.json")))
+    assert again.pop("seconds") == {**first.pop("seconds"), "report": out.seconds["report"]}
+    assert again == first
+    assert open(index, encoding="utf-8").read() == open(out.report, encoding="utf-8").read()
+
+
+def test_the_largest_clusters_read_by_delta_rs_equal_spark(spark, finished_run):
+    from etl.report.data import _delta_rs_dataset, largest_clusters
+
+    cfg, _, _ = finished_run
+    path = tables.layout(cfg).dedup
+    dataset = _delta_rs_dataset(path)
+    assert dataset is not None and dataset is not False  # delta-rs reads this table
+    by_spark = largest_clusters(spark, path, 2, None)
+    assert by_spark and largest_clusters(spark, path, 2, dataset) == by_spark
+    # Each cluster as the dedup table holds it: canonical member first, the largest first.
+    sizes = [c[0]["cluster_size"] for c in by_spark]
+    assert sizes == sorted(sizes, reverse=True)
+    for cluster in by_spark:
+        assert cluster[0]["is_canonical"]
+        assert len({m["dup_cluster_id"] for m in cluster}) == 1
+
+
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 

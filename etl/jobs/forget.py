@@ -26,7 +26,6 @@ next ``forget`` or nightly curate. Runs under the run lock, in the run ledger.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -34,7 +33,6 @@ import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -52,6 +50,7 @@ from etl.lakehouse.maintenance import (
     run_due_purges,
     table_versions,
 )
+from etl.report import scrub_reports
 from etl.runtime.faults import fault_point
 from etl.runtime.options import flag, options_from
 from etl.runtime.stage import Metrics, RunContext, StageResult
@@ -285,59 +284,6 @@ def _rededup(spark: SparkSession, cfg: Config, run_id: str) -> int:
     return res.changed + res.removed
 
 
-def _scrub_reports(cfg: Config, sample_ids: set[str]) -> int:
-    """Remove the removed records' thumbnails (and the contact sheets drawn from them:
-    kept, flagged, duplicates) from run reports under a local root; returns thumbnails
-    removed."""
-    reports = tables.layout(cfg).reports_dir
-    if "://" in reports:
-        log.warning("forget: reports under %s (an object store) are not scrubbed of "
-                    "thumbnails", reports)
-        return 0
-    removed = 0
-    for meta_path in sorted(Path(reports).glob("*/report.json")):
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            continue
-        changed = False
-        for sheet in ("contact_kept", "contact_flagged"):
-            ids = meta.get(sheet) or []
-            hit = [s for s in ids if s in sample_ids]
-            if not hit:
-                continue
-            for sid in hit:
-                thumb = meta_path.parent / "thumbs" / f"{sid}.jpg"
-                if thumb.exists():
-                    thumb.unlink()
-                    removed += 1
-            png = meta_path.parent / f"{sheet}.png"
-            if png.exists():
-                png.unlink()
-            meta[sheet] = [s for s in ids if s not in sample_ids]
-            changed = True
-        dedup = meta.get("dedup") or {}
-        clusters = dedup.get("contact_clusters") or []
-        hit = [s for c in clusters for s in c if s in sample_ids]
-        if hit:  # the duplicates' sheet: clusters, canonical member first
-            for sid in hit:
-                thumb = meta_path.parent / "thumbs" / f"{sid}.jpg"
-                if thumb.exists():
-                    thumb.unlink()
-                    removed += 1
-            png = meta_path.parent / "contact_duplicates.png"
-            if png.exists():
-                png.unlink()
-            dedup["contact_clusters"] = [kept for c in clusters
-                                         if (kept := [s for s in c if s not in sample_ids])]
-            changed = True
-        if changed:
-            tmp = meta_path.with_suffix(".json.tmp")
-            tmp.write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
-            os.replace(tmp, meta_path)
-    return removed
-
-
 def _stale_exports(cfg: Config, before: int | None) -> tuple[str, ...]:
     """Exports written from a curated version before the removal."""
     if before is None:
@@ -403,7 +349,7 @@ def forget(spark: SparkSession, cfg: Config, run_id: str, request: TakedownReque
     mark_applied(spark, paths.takedowns, removal, now=now, oldest_version=oldest)
 
     removed_ids = {sid for sid, _ in matched}
-    thumbs = _scrub_reports(cfg, removed_ids) if removed_ids else 0
+    thumbs = scrub_reports(cfg, removed_ids) if removed_ids else 0
     sc.setJobDescription(None)
     return ForgetResult(
         request_id, len(request.identifiers), False, matched,

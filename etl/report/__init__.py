@@ -1,0 +1,83 @@
+"""The run report: ``<root>/reports/<run_id>/index.html`` and the same figures as PNG.
+
+What it shows: whether the run failed, where and why (a stage over its failure budget);
+this run's accounting (seen / accepted / rejected / internal errors / flagged /
+removed per source) and stage timings; the corpus as the run left it -- rows per source
+and status (internal errors apart from rejects), reject and filter reasons, resolution and
+aspect-ratio histograms, caption length per caption version (every ``caption*`` string
+column of the curated table), duplicates as the Delta ``dedup`` table records them
+(clusters, exact and near duplicates and their rates per source, whether it covers the
+curated table's rows) with a contact sheet of the largest clusters, canonical member
+first; and contact sheets of random kept images with their captions and of flagged
+images with their reasons.
+
+Three parts: :mod:`etl.report.data` reads the tables -- corpus-wide counts kept per Lance
+fragment and Delta data file (:mod:`etl.lakehouse.counts`), the dedup run's recorded
+stats, histograms from up to ``run.report_max_rows`` rows sampled by pylance, images only
+for the sheets; Spark only where delta-rs cannot read a table or the dedup stats are
+stale, so a report over tables the driver can read starts no Spark job --,
+:mod:`etl.report.figures` draws, :mod:`etl.report.html` writes the page.
+:mod:`etl.report.layout` owns the report's files, and :func:`scrub_reports` takes
+samples out of written reports (`forget`).
+
+Text from sources (captions, keys, reasons) is data: figures draw it as plain text
+(matplotlib's math text and TeX off, so ``Earn $100 … $5`` is not parsed as math) and
+the HTML escapes it; a label is cut to :data:`LABEL_CHARS` characters, so a long
+caption never swells the report.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from etl import tables
+from etl.config import Config
+from etl.report.data import (
+    LABEL_CHARS,
+    DedupSummary,
+    ReportData,
+    caption_versions,
+    dedup_summary,
+    read_report,
+)
+from etl.report.layout import INDEX, scrub_reports, write_meta
+
+__all__ = ["write_report", "scrub_reports", "caption_versions", "dedup_summary",
+           "DedupSummary", "LABEL_CHARS"]
+
+
+def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -> str:
+    """Write the report of `outcome` (an :class:`etl.pipeline.outcome.RunOutcome`) into `out_dir`
+    (default ``<root>/reports/<run_id>``, a local path); returns its index.html. Every
+    figure is drawn with source text as plain text."""
+    import matplotlib
+
+    from etl.report.figures import PLAIN_TEXT, draw_figures
+    from etl.report.html import dedup_json, page
+
+    out_dir = out_dir or tables.layout(cfg).report_dir(outcome.run_id)
+    data = read_report(spark, cfg, outcome)
+    with matplotlib.rc_context(PLAIN_TEXT):
+        drawn = draw_figures(data, out_dir)
+    index = os.path.join(out_dir, INDEX)
+    with open(index, "w", encoding="utf-8") as f:
+        f.write(page(data, drawn))
+    write_meta(out_dir, _meta(data, drawn, dedup_json(data, drawn)))
+    return index
+
+
+def _meta(data: ReportData, drawn, dedup: dict | None) -> dict:
+    """report.json: the figures' data."""
+    outcome = data.outcome
+    return {
+        "run_id": data.run_id, "figures": drawn.figures,
+        "status": data.status.reset_index(names="source").to_dict("records"),
+        "status_of_run": getattr(outcome, "status", "ok"),
+        "failed_stage": getattr(outcome, "failed_stage", None),
+        "reasons": data.reasons.to_dict("records"), "dedup": dedup,
+        "captions": data.captions, "seconds": outcome.seconds,
+        "contact_kept": [it["sample_id"] for it in drawn.kept],
+        "contact_flagged": [it["sample_id"] for it in drawn.flagged],
+        "sampled": data.sampled,
+    }
