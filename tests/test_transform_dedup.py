@@ -1,7 +1,8 @@
-"""etl.transforms.dedup on a few rows: the LSH masks worked out by hand, and the order
-that picks a cluster's canonical member (resolution, then source priority, then the
-earliest, the sample id breaking ties; Spark's null placement). Near pairs, components
-and whole plans: test_dedup.py; the driver's plan against Spark's: test_dedup_local.py."""
+"""etl.transforms.dedup on a few rows: the order that picks a cluster's canonical member
+(resolution, then source priority, then the earliest, the sample id breaking ties;
+Spark's null placement), worked out by hand, and the driver's sort key against it. The
+LSH masks: test_transform_dedup_rules.py; near pairs, components and whole plans:
+test_dedup.py; the driver's plan against Spark's: test_dedup_local.py."""
 
 from __future__ import annotations
 
@@ -9,27 +10,8 @@ from datetime import datetime
 
 import pytest
 
-from etl.transforms.dedup import canonical_order, lsh_masks
+from etl.transforms.dedup import canonical_order
 from etl.transforms.dedup_local import canonical_key
-
-LOW, HIGH = (1 << 32) - 1, -(1 << 32)  # the low and the high 32 bits, as signed longs
-
-
-def test_lsh_masks_are_the_combinations_of_kept_blocks():
-    assert lsh_masks(0, 1) == [-1]  # no bit may differ: the whole hash is the key
-    assert lsh_masks(1, 2) == [LOW, HIGH]  # one of two halves kept
-    assert lsh_masks(0, 2) == [-1]  # both halves kept
-    q = [0xFFFF << (16 * i) for i in range(4)]  # 4 blocks of 16 bits, 2 may differ
-    signed = [m - (1 << 64) if m >= 1 << 63 else m for m in
-              (q[0] | q[1], q[0] | q[2], q[0] | q[3], q[1] | q[2], q[1] | q[3], q[2] | q[3])]
-    assert lsh_masks(2, 4) == signed
-    # 3 blocks of 64 bits: bounds at round(64/3) = 21 and round(128/3) = 43.
-    assert lsh_masks(2, 3) == [(1 << 21) - 1, ((1 << 22) - 1) << 21,
-                               (((1 << 21) - 1) << 43) - (1 << 64)]
-    for threshold, bands in ((1, 1), (-1, 2), (3, 65)):
-        with pytest.raises(ValueError, match="need 0 <= threshold < bands <= 64"):
-            lsh_masks(threshold, bands)
-
 
 ROWS = [  # sample_id, source, width, height, original_width, original_height, ingested day
     ("big-late", "web", 64, 64, 400, 300, 9),
