@@ -31,10 +31,12 @@ driver-side commit), :mod:`.checksum` (partition checksums), and here the Spark 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType
 
@@ -120,6 +122,50 @@ def export_mds(
     the rows are diffed against those, the partitions that still hold exactly their
     rows are kept, and only rows that joined, plus the rows of partitions that lost or
     changed a row, are written, as new partitions (:func:`plan_increment`)."""
+    _check_rows(rows, blobs, buckets)
+    columns = _mds_columns(rows, blobs, encodings or {}, identity)
+    base = _writer_settings(
+        manifest, columns, partitions=partitions, size_limit=size_limit,
+        compression=compression, hashes=hashes, seed=seed, buckets=buckets,
+        jpeg_quality=jpeg_quality,
+    )
+    settings = {**base, **(lineage or {})}
+    key = export_key(settings)
+    commit = open_commit(out_dir, key)
+    current = commit.read_manifest()
+    if current is not None and current.get("export_key") == key:  # already exported
+        commit.drop_leftovers()
+        return ExportResult.from_manifest(out_dir, current, resumed=partitions, unchanged=True)
+    commit.prepare()
+
+    name = out_dir.rstrip("/").rsplit("/", 1)[-1]
+    if incremental:
+        settings["base_key"] = export_key(base)
+        rows = rows.withColumn("_fp", row_fingerprint(rows, exclude=("_rowaddr",)))
+    if identity is not None:
+        rows = rows.drop(identity)
+    plan = None
+    if incremental and current is not None and current.get("base_key") == settings["base_key"]:
+        with _job(rows, f"diff {name} with the export in place"):
+            plan = plan_increment(rows, current, out_dir, partitions)
+    if plan is not None:
+        settings["increment"] = plan.summary()
+    todo = _WriteSet.of(rows, partitions, plan)
+    write = partition_writer(
+        staging=commit.staging, remote=commit.remote, key=key, columns=columns,
+        size_limit=size_limit, compression=compression, hashes=hashes, blobs=blobs,
+        buckets=buckets, quality=jpeg_quality, part_offset=todo.offset, keep_ids=incremental,
+    )
+    results = _write_partitions(todo, write, seed=seed, small_rows=blobs is not None,
+                                name=name)
+    final = commit.commit(results, settings, bucketed=buckets is not None, kept=todo.kept)
+    resumed = sum(1 for r in results if r["resumed"])
+    return ExportResult.from_manifest(out_dir, final, resumed=resumed, kept=len(todo.kept))
+
+
+def _check_rows(rows: DataFrame, blobs: BlobSource | None, buckets: BucketSpec | None
+                ) -> None:
+    """The columns an export needs, checked on the driver before any work."""
     fetched = dict(blobs.columns) if blobs else {}
     if "sample_id" not in rows.columns or "image" not in [*rows.columns, *fetched]:
         raise ValueError("export rows need `image` and `sample_id` columns")
@@ -127,7 +173,13 @@ def export_mds(
         raise ValueError("a BlobSource needs the rows' `_rowaddr` (read option row_address)")
     if buckets is not None and not {"width", "height"} <= set(rows.columns):
         raise ValueError("aspect-ratio buckets need `width` and `height` columns")
-    encodings = encodings or {}
+
+
+def _mds_columns(rows: DataFrame, blobs: BlobSource | None, encodings: dict[str, str],
+                identity: str | None) -> dict[str, str]:
+    """The MDS column -> encoding map: every column of `rows` but the internal ones, by
+    its Spark type unless `encodings` names it, then the columns `blobs` fetches
+    (`image` is always pass-through JPEG)."""
     internal = {"_rowaddr", identity}
     columns = {
         f.name: "jpeg" if f.name == "image"
@@ -135,8 +187,17 @@ def export_mds(
         for f in rows.schema.fields
         if f.name not in internal
     }
-    for name in fetched:
+    for name in (blobs.columns if blobs else {}):
         columns[name] = "jpeg" if name == "image" else encodings.get(name, "bytes")
+    return columns
+
+
+def _writer_settings(manifest: dict[str, Any] | None, columns: dict[str, str], *,
+                    partitions: int, size_limit: int, compression: str | None,
+                    hashes: tuple[str, ...], seed: int, buckets: BucketSpec | None,
+                    jpeg_quality: int) -> dict[str, Any]:
+    """The caller's description plus every writer setting that shapes the files: what
+    the export key is computed from (with the lineage) and ``manifest.json`` records."""
     base = {
         **(manifest or {}), "columns": columns, "partitions": partitions,
         "size_limit": size_limit, "compression": compression, "hashes": list(hashes),
@@ -147,70 +208,76 @@ def export_mds(
         base["bucket_names"] = [bucket_name(wh) for wh in bucket_set(buckets)]
         if buckets.resize:
             base["jpeg_quality"] = jpeg_quality
-    settings = {**base, **(lineage or {})}
-    key = export_key(settings)
-    commit = open_commit(out_dir, key)
-    current = commit.read_manifest()
-    if current is not None and current.get("export_key") == key:  # already exported
-        commit.drop_leftovers()
-        return ExportResult.from_manifest(out_dir, current, resumed=partitions, unchanged=True)
-    commit.prepare()
+    return base
 
-    spark = rows.sparkSession
-    sc = spark.sparkContext
-    name = out_dir.rstrip("/").rsplit("/", 1)[-1]
-    if incremental:
-        settings["base_key"] = export_key(base)
-        rows = rows.withColumn("_fp", row_fingerprint(rows, exclude=("_rowaddr",)))
-    if identity is not None:
-        rows = rows.drop(identity)
-    plan = None
-    if incremental and current is not None and current.get("base_key") == settings["base_key"]:
-        sc.setJobDescription(f"lakeshard export: diff {name} with the export in place")
-        try:
-            plan = plan_increment(rows, current, out_dir, partitions)
-        finally:
-            sc.setJobDescription(None)
-    write_parts, offset, kept = partitions, 0, []
-    if plan is not None:
-        settings["increment"] = plan.summary()
-        if plan.incremental:
-            rows, write_parts, offset, kept = plan.rows, plan.new_parts, plan.offset, plan.kept
 
-    results = []
-    if write_parts:
+@contextmanager
+def _job(rows: DataFrame, step: str) -> Iterator[None]:
+    """Spark jobs started inside are labelled ``lakeshard export: <step>``."""
+    sc = rows.sparkSession.sparkContext
+    sc.setJobDescription(f"lakeshard export: {step}")
+    try:
+        yield
+    finally:
+        sc.setJobDescription(None)
+
+
+@contextmanager
+def _arrow_batch_rows(spark: SparkSession, rows: int | None) -> Iterator[None]:
+    """Spark's Arrow batch size set to `rows` inside (unchanged with None), then put back."""
+    batch_key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(batch_key, None)
+    if rows is not None:
+        spark.conf.set(batch_key, str(rows))
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(batch_key)
+        else:
+            spark.conf.set(batch_key, before)
+
+
+@dataclass(frozen=True)
+class _WriteSet:
+    """What an export writes: `rows` into `parts` partitions numbered from `offset`,
+    next to the `kept` partitions of the export in place (an incremental export)."""
+
+    rows: DataFrame
+    parts: int
+    offset: int = 0
+    kept: list[dict] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, rows: DataFrame, partitions: int, plan: IncrementPlan | None) -> _WriteSet:
+        if plan is None or not plan.incremental:
+            return cls(rows, partitions)
+        return cls(plan.rows, plan.new_parts, plan.offset, plan.kept)
+
+
+def _write_partitions(todo: _WriteSet, write, *, seed: int, small_rows: bool, name: str
+                      ) -> list[dict]:
+    """Spread and order the rows, run `write` (:func:`partition_writer`) on every
+    partition and return the tasks' reports in partition order, checked to be exactly
+    the partitions asked for. With `small_rows` (blobs are taken by the tasks), Arrow
+    batches are large: the task takes the blobs in slices."""
+    results: list[dict] = []
+    if todo.parts:
         ordered = (
-            rows.repartition(write_parts, "sample_id")
+            todo.rows.repartition(todo.parts, "sample_id")
             .sortWithinPartitions(F.xxhash64("sample_id", F.lit(seed)), "sample_id")
         )
-        write = partition_writer(
-            staging=commit.staging, remote=commit.remote, key=key, columns=columns,
-            size_limit=size_limit, compression=compression, hashes=hashes, blobs=blobs,
-            buckets=buckets, quality=jpeg_quality, part_offset=offset, keep_ids=incremental,
-        )
-        sc.setJobDescription(f"lakeshard export: write MDS {name}")
-        batch_key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-        before = spark.conf.get(batch_key, None)
-        if blobs is not None:  # rows are small: big Arrow batches, blobs taken in slices
-            spark.conf.set(batch_key, str(TAKE_ROWS * 8))
-        try:
+        spark = todo.rows.sparkSession
+        with _job(todo.rows, f"write MDS {name}"), \
+                _arrow_batch_rows(spark, TAKE_ROWS * 8 if small_rows else None):
             results = sorted(
                 (r.asDict() for r in ordered.mapInArrow(write, RESULT_DDL).collect()),
                 key=lambda r: r["partition"],
             )
-        finally:
-            sc.setJobDescription(None)
-            if before is None:
-                spark.conf.unset(batch_key)
-            else:
-                spark.conf.set(batch_key, before)
     reported = [r["partition"] for r in results]
-    if reported != list(range(offset, offset + write_parts)):
+    if reported != list(range(todo.offset, todo.offset + todo.parts)):
         raise RuntimeError(f"export {name}: tasks reported partitions {reported}")
-
-    final = commit.commit(results, settings, bucketed=buckets is not None, kept=kept)
-    resumed = sum(1 for r in results if r["resumed"])
-    return ExportResult.from_manifest(out_dir, final, resumed=resumed, kept=len(kept))
+    return results
 
 
 def row_fingerprint(rows: DataFrame, exclude: tuple[str, ...] = ()) -> Column:
@@ -279,14 +346,48 @@ def plan_increment(rows: DataFrame, current: dict, out_dir: str, partitions: int
     parts = current.get("parts")
     if not parts:
         return None
-    spark = rows.sparkSession
-    old = (
+    old = _exported_ids(rows.sparkSession, out_dir, parts)
+    counts, rewritten = _diff_counts(rows, old)
+    by_id = {p["partition"]: p for p in parts}
+    unknown = rewritten - set(by_id)
+    if unknown or None in rewritten:
+        raise RuntimeError(f"export ids name partitions {sorted(unknown)} the manifest lacks")
+    kept = [p for p in parts if p["partition"] not in rewritten]
+    total = current["samples"] + counts["added"] - counts["departed"]
+    to_write = counts["added"] + sum(by_id[i]["samples"] for i in rewritten) - counts["departed"]
+    per_part = max(1, -(-max(total, 1) // partitions))
+    new_parts = -(-to_write // per_part) if to_write else 0
+    offset = max(by_id) + 1
+    reason = _rewrite_reason(to_write, total, parts_after=len(kept) + new_parts,
+                             next_id=offset + new_parts, partitions=partitions)
+    incremental = reason == _ONLY_CHANGES
+    write = rows
+    if incremental and to_write:
+        write = (rows.join(old.select("sample_id", "_part"), "sample_id", "left")
+                 .where(F.col("_part").isNull() | F.col("_part").isin(sorted(rewritten)))
+                 .drop("_part"))
+    return IncrementPlan(
+        rows=write, kept=kept, new_parts=new_parts, offset=offset, added=counts["added"],
+        departed=counts["departed"], changed=counts["changed"], rewritten=sorted(rewritten),
+        to_write=to_write, incremental=incremental, reason=reason,
+    )
+
+
+def _exported_ids(spark: SparkSession, out_dir: str, parts: list[dict]) -> DataFrame:
+    """``sample_id, _old_fp, _part``: every row the export in place holds, with its
+    fingerprint and partition id (from the path of the partition's :data:`PART_IDS`)."""
+    return (
         spark.read.schema("sample_id string, _fp long")
         .parquet(*[ids_location(out_dir, p) for p in parts])
         .select("sample_id", F.col("_fp").alias("_old_fp"),
                 F.regexp_extract(F.input_file_name(), r"part-(\d{5})(-t\d+)?/[^/]*$", 1)
                 .cast("int").alias("_part"))
     )
+
+
+def _diff_counts(rows: DataFrame, old: DataFrame) -> tuple[dict[str, int], set[int]]:
+    """How many rows were added, departed and changed since the export in place
+    (:func:`_exported_ids`), and the partitions that lost or changed a row."""
     diff = (
         rows.select("sample_id", "_fp").join(old, "sample_id", "full_outer")
         .select(
@@ -303,33 +404,21 @@ def plan_increment(rows: DataFrame, current: dict, out_dir: str, partitions: int
         counts[r["_change"]] += r["count"]
         if r["_change"] != "added":
             rewritten.add(r["_part"])
-    by_id = {p["partition"]: p for p in parts}
-    unknown = rewritten - set(by_id)
-    if unknown or None in rewritten:
-        raise RuntimeError(f"export ids name partitions {sorted(unknown)} the manifest lacks")
-    kept = [p for p in parts if p["partition"] not in rewritten]
-    total = current["samples"] + counts["added"] - counts["departed"]
-    to_write = counts["added"] + sum(by_id[i]["samples"] for i in rewritten) - counts["departed"]
-    per_part = max(1, -(-max(total, 1) // partitions))
-    new_parts = -(-to_write // per_part) if to_write else 0
-    offset = max(by_id) + 1
-    reason = "only what changed"
+    return counts, rewritten
+
+
+_ONLY_CHANGES = "only what changed"
+
+
+def _rewrite_reason(to_write: int, total: int, *, parts_after: int, next_id: int,
+                    partitions: int) -> str:
+    """Why the whole export is written again instead (:data:`REWRITE_SHARE`,
+    :data:`MAX_PARTS_FACTOR`, ids exhausted), or :data:`_ONLY_CHANGES`."""
     if to_write > REWRITE_SHARE * total:
-        reason = f"{to_write} of {total} rows to write (> {REWRITE_SHARE:.0%})"
-    elif len(kept) + new_parts > MAX_PARTS_FACTOR * partitions:
-        reason = (f"{len(kept) + new_parts} partitions (> {MAX_PARTS_FACTOR} x "
-                  f"{partitions}): rewritten to compact them")
-    elif offset + new_parts > _MAX_PART_ID:
-        reason = "partition ids exhausted"
-    incremental = reason == "only what changed"
-    write = rows
-    if incremental and to_write:
-        old_part = old.select("sample_id", "_part")
-        write = (rows.join(old_part, "sample_id", "left")
-                 .where(F.col("_part").isNull() | F.col("_part").isin(sorted(rewritten)))
-                 .drop("_part"))
-    return IncrementPlan(
-        rows=write, kept=kept, new_parts=new_parts, offset=offset, added=counts["added"],
-        departed=counts["departed"], changed=counts["changed"], rewritten=sorted(rewritten),
-        to_write=to_write, incremental=incremental, reason=reason,
-    )
+        return f"{to_write} of {total} rows to write (> {REWRITE_SHARE:.0%})"
+    if parts_after > MAX_PARTS_FACTOR * partitions:
+        return (f"{parts_after} partitions (> {MAX_PARTS_FACTOR} x "
+                f"{partitions}): rewritten to compact them")
+    if next_id > _MAX_PART_ID:
+        return "partition ids exhausted"
+    return _ONLY_CHANGES

@@ -142,6 +142,24 @@ def _read_part_meta(path: str) -> dict | None:
         return json.load(f)
 
 
+@dataclass(frozen=True)
+class _PartitionTask:
+    """The settings every writing task shares (:func:`partition_writer`)."""
+
+    staging: str
+    remote: str | None
+    key: str
+    columns: dict[str, str]
+    size_limit: int
+    compression: str | None
+    hashes: tuple[str, ...]
+    blobs: BlobSource | None
+    buckets: BucketSpec | None
+    quality: int
+    part_offset: int
+    keep_ids: bool
+
+
 def partition_writer(
     *,
     staging: str,
@@ -165,88 +183,133 @@ def partition_writer(
     partitions after the ones it keeps). Rows with a ``_fp`` column (their fingerprint)
     also leave the partition's ``sample_id, _fp`` in :data:`PART_IDS` beside its shards:
     what the next export diffs against."""
-    result_schema = pa.schema(_RESULT_FIELDS)
+    task = _PartitionTask(
+        staging=staging, remote=remote, key=key, columns=columns, size_limit=size_limit,
+        compression=compression, hashes=hashes, blobs=blobs, buckets=buckets,
+        quality=quality, part_offset=part_offset, keep_ids=keep_ids,
+    )
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import tempfile
-
-        from pyspark import TaskContext
-
-        from etl.writers.remote import S3Store
-
-        ctx = TaskContext.get()
-        pid = part_offset + ctx.partitionId()
-        store = S3Store(remote) if remote else None
-        part_dir = os.path.join(staging, f"part-{pid:05d}")
-        meta_path = os.path.join(part_dir, PART_META)
-        done = store.get_json(_marker(key, pid)) if store else _read_part_meta(meta_path)
-        if done is not None:  # finished by an earlier, interrupted run
-            yield pa.RecordBatch.from_pylist([{**done, "resumed": True}], schema=result_schema)
-            return
-        attempt_name = f"part-{pid:05d}-t{ctx.taskAttemptId()}"
-        if store:
-            attempt = tempfile.mkdtemp(prefix=f"lakeshard-{attempt_name}-")
-        else:
-            attempt = os.path.join(staging, "_attempts", attempt_name)
-            shutil.rmtree(attempt, ignore_errors=True)
-        table = None
-        if blobs is not None:
-            import lance
-
-            table = lance.dataset(blobs.path, version=blobs.version)
-        _lean_streaming()
-        from etl.writers.mds.writer import PassThroughMDSWriter
-        from udfs.worker import settle_imports
-
-        settle_imports()  # streaming imports torch: keep the daemon's per-task GC cheap
-
-        def make_writer(local: str, sub: str) -> PassThroughMDSWriter:
-            out = local
-            if store:
-                out = (local, store.url(sub, key, attempt_name))
-            return PassThroughMDSWriter(
-                out=out, columns=columns, compression=compression, hashes=list(hashes),
-                size_limit=size_limit, exist_ok=True,
-            )
-
-        samples = 0
-        ids: list[pa.RecordBatch] = []
-        router = BucketRouter(attempt, make_writer, size_limit, buckets, quality)
-        try:
-            for batch in batches:  # one Arrow batch at a time: never a whole partition
-                if keep_ids:
-                    ids.append(batch.select(["sample_id", "_fp"]))
-                    batch = batch.drop_columns(["_fp"])
-                if table is None:
-                    router.write(batch, columns)
-                    samples += batch.num_rows
-                    continue
-                # Batches of small columns are large (TAKE_ROWS x 8 per Spark batch);
-                # blobs are taken TAKE_ROWS rows at a time to bound memory.
-                for start in range(0, batch.num_rows, TAKE_ROWS):
-                    part = _take_blobs(batch.slice(start, TAKE_ROWS), blobs, table)
-                    router.write(part, columns)
-                    samples += part.num_rows
-        finally:
-            router.close()
-        if keep_ids:
-            _write_ids(ids, attempt, store, f"{key}/{attempt_name}")
-        meta = {"partition": pid, "samples": samples, "checksum": router.checksum(),
-                "dir": attempt_name if store else f"part-{pid:05d}",
-                "indexes": json.dumps(router.indexes(), sort_keys=True)}
-        if store:
-            store.put_json(_marker(key, pid), meta)  # last: the partition is done
-            shutil.rmtree(attempt, ignore_errors=True)
-        else:
-            with open(os.path.join(attempt, PART_META), "w", encoding="utf-8") as f:
-                json.dump(meta, f)
-            try:
-                os.rename(attempt, part_dir)  # atomic; fails if another attempt won
-            except OSError:
-                shutil.rmtree(attempt, ignore_errors=True)
-                with open(meta_path, encoding="utf-8") as f:
-                    meta = json.load(f)
-        fault_point(f"export:part-{pid:05d}")
-        yield pa.RecordBatch.from_pylist([{**meta, "resumed": False}], schema=result_schema)
+        return _write_partition(task, batches)
 
     return write
+
+
+_RESULT_SCHEMA = pa.schema(_RESULT_FIELDS)
+
+
+def _result(meta: dict, resumed: bool) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([{**meta, "resumed": resumed}], schema=_RESULT_SCHEMA)
+
+
+def _write_partition(task: _PartitionTask, batches: Iterator[pa.RecordBatch]
+                     ) -> Iterator[pa.RecordBatch]:
+    """One task: its partition resumed if an earlier run finished it, else written into
+    the attempt's folder and published; one result row either way."""
+    from pyspark import TaskContext
+
+    from etl.writers.remote import S3Store
+
+    ctx = TaskContext.get()
+    pid = task.part_offset + ctx.partitionId()
+    store = S3Store(task.remote) if task.remote else None
+    part_dir = os.path.join(task.staging, f"part-{pid:05d}")
+    done = (store.get_json(_marker(task.key, pid)) if store
+            else _read_part_meta(os.path.join(part_dir, PART_META)))
+    if done is not None:  # finished by an earlier, interrupted run
+        yield _result(done, resumed=True)
+        return
+    attempt_name = f"part-{pid:05d}-t{ctx.taskAttemptId()}"
+    attempt = _attempt_folder(task.staging, store, attempt_name)
+    samples, ids, router = _write_shards(task, batches, attempt, store, attempt_name)
+    if task.keep_ids:
+        _write_ids(ids, attempt, store, f"{task.key}/{attempt_name}")
+    meta = {"partition": pid, "samples": samples, "checksum": router.checksum(),
+            "dir": attempt_name if store else f"part-{pid:05d}",
+            "indexes": json.dumps(router.indexes(), sort_keys=True)}
+    if store:
+        store.put_json(_marker(task.key, pid), meta)  # last: the partition is done
+        shutil.rmtree(attempt, ignore_errors=True)
+    else:
+        meta = _publish_local(meta, attempt, part_dir)
+    fault_point(f"export:part-{pid:05d}")
+    yield _result(meta, resumed=False)
+
+
+def _attempt_folder(staging: str, store, attempt_name: str) -> str:
+    """Where this attempt writes: a fresh local scratch folder (S3, emptied as the writer
+    uploads), or ``<staging>/_attempts/<attempt>`` cleared of an earlier try."""
+    import tempfile
+
+    if store:
+        return tempfile.mkdtemp(prefix=f"lakeshard-{attempt_name}-")
+    attempt = os.path.join(staging, "_attempts", attempt_name)
+    shutil.rmtree(attempt, ignore_errors=True)
+    return attempt
+
+
+def _write_shards(task: _PartitionTask, batches: Iterator[pa.RecordBatch], attempt: str,
+                  store, attempt_name: str
+                  ) -> tuple[int, list[pa.RecordBatch], BucketRouter]:
+    """Stream the partition's batches into MDS writers (one per bucket) under `attempt`:
+    the samples written, the ``sample_id, _fp`` batches kept (with `keep_ids`), and the
+    closed router (checksum, indexes)."""
+    table = None
+    if task.blobs is not None:
+        import lance
+
+        table = lance.dataset(task.blobs.path, version=task.blobs.version)
+    _lean_streaming()
+    from etl.writers.mds.writer import PassThroughMDSWriter
+    from udfs.worker import settle_imports
+
+    settle_imports()  # streaming imports torch: keep the daemon's per-task GC cheap
+
+    def make_writer(local: str, sub: str) -> PassThroughMDSWriter:
+        out = (local, store.url(sub, task.key, attempt_name)) if store else local
+        return PassThroughMDSWriter(
+            out=out, columns=task.columns, compression=task.compression,
+            hashes=list(task.hashes), size_limit=task.size_limit, exist_ok=True,
+        )
+
+    samples = 0
+    ids: list[pa.RecordBatch] = []
+    router = BucketRouter(attempt, make_writer, task.size_limit, task.buckets, task.quality)
+    try:
+        for batch in batches:  # one Arrow batch at a time: never a whole partition
+            if task.keep_ids:
+                ids.append(batch.select(["sample_id", "_fp"]))
+                batch = batch.drop_columns(["_fp"])
+            for part in _with_blobs(batch, task.blobs, table):
+                router.write(part, task.columns)
+                samples += part.num_rows
+    finally:
+        router.close()
+    return samples, ids, router
+
+
+def _with_blobs(batch: pa.RecordBatch, blobs: BlobSource | None, table
+                ) -> Iterator[pa.RecordBatch]:
+    """`batch` as it is without a blob source; else in slices of :data:`TAKE_ROWS` rows
+    with their blobs taken from Lance (batches of small columns are large, TAKE_ROWS x 8
+    per Spark batch: the slices bound memory)."""
+    if table is None:
+        yield batch
+        return
+    for start in range(0, batch.num_rows, TAKE_ROWS):
+        yield _take_blobs(batch.slice(start, TAKE_ROWS), blobs, table)
+
+
+def _publish_local(meta: dict, attempt: str, part_dir: str) -> dict:
+    """Record `meta` in the attempt folder and rename it to the partition's folder --
+    atomic, first finisher wins; a later attempt deletes its copy and reports the
+    winner's record."""
+    with open(os.path.join(attempt, PART_META), "w", encoding="utf-8") as f:
+        json.dump(meta, f)
+    try:
+        os.rename(attempt, part_dir)  # atomic; fails if another attempt won
+    except OSError:
+        shutil.rmtree(attempt, ignore_errors=True)
+        with open(os.path.join(part_dir, PART_META), encoding="utf-8") as f:
+            return json.load(f)
+    return meta
