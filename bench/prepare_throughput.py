@@ -22,6 +22,7 @@ some PNG and WebP. Run:
 
     .venv/bin/python bench/prepare_throughput.py [--sets large small] [--images N]
                                                  [--cores 2] [--threads 1 2]
+    .venv/bin/python bench/prepare_throughput.py --sets small --profile   # per piece
 """
 
 from __future__ import annotations
@@ -185,6 +186,48 @@ def run_set(name: str, args) -> None:
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
+def profile_set(name: str, args) -> None:
+    """CPU time per image of each piece of the per-image path, one process, no Spark:
+    what prepare_image adds to the bare decode + encode."""
+    import hashlib
+
+    from PIL import Image
+
+    from etl.config import PrepareConfig
+    from udfs.images import _prepare_batch, dhash64, prepare_image
+
+    megapixels, default_n = SETS[name]
+    images = make_images(args.images or default_n, megapixels)
+    decoded = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
+    encoded = [prepare_image(b, PrepareConfig()).image for b in images]
+    opts = PrepareConfig(threads=1)
+
+    def decode(data: bytes) -> None:
+        Image.open(io.BytesIO(data)).load()
+
+    import pandas as pd
+
+    batch = pd.Series(images)
+    pieces = {
+        "decode": lambda: [decode(b) for b in images],
+        "bare decode + JPEG q92": lambda: [bare(b) for b in images],
+        "prepare_image": lambda: [prepare_image(b, opts) for b in images],
+        "  of which dHash": lambda: [dhash64(im) for im in decoded],
+        "  of which sha256 of the JPEG": lambda: [hashlib.sha256(e).hexdigest()
+                                                 for e in encoded],
+        "the UDF's batch function (threads=1)": lambda: _prepare_batch(batch, opts),
+    }
+    print(f"\n{name} set: {len(images)} images, CPU ms per image (best of {args.rounds}; "
+          f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())})")
+    for label, fn in pieces.items():
+        best = float("inf")
+        for _ in range(args.rounds):
+            t0 = time.process_time()
+            fn()
+            best = min(best, time.process_time() - t0)
+        print(f"  {label:<40}{best / len(images) * 1e3:>8.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sets", nargs="+", choices=sorted(SETS), default=["large"],
@@ -195,9 +238,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
                         help="prepare.threads values to time the stage with (2 = default)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
+    parser.add_argument("--profile", action="store_true",
+                        help="CPU ms per image of each piece of prepare_image, no Spark")
     args = parser.parse_args()
     for name in args.sets:
-        run_set(name, args)
+        (profile_set if args.profile else run_set)(name, args)
 
 
 if __name__ == "__main__":
