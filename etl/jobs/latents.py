@@ -180,7 +180,6 @@ def compute_latents(
 ) -> LatentsResult:
     """Encode every configured caption of the rows that lack latents of encoder `name`."""
     import lance
-    from pyspark.sql.pandas.types import from_arrow_schema
 
     path = tables.layout(cfg).curated
     table = tables.open_curated(cfg)
@@ -194,7 +193,28 @@ def compute_latents(
             "or name one GPU with device: cuda:N"
         )
     captions = list(cfg.latents.captions)
-    existing = {m["caption"]: m for m in table_latents(table.schema) if m["encoder"] == name}
+    _prepare_columns(path, table.schema, name, enc, hidden, captions, recompute=recompute)
+    written = _encode(spark, path, name, enc, captions)
+    ds = lance.dataset(path)
+    stats = tuple(_caption_stats(ds, cap, enc) for cap in captions)
+    for s in stats:
+        if s.encoded + s.failed != s.rows:
+            raise RuntimeError(
+                f"latents {name}/{s.caption}: {s.rows} rows, but {s.encoded} encoded + "
+                f"{s.failed} failed"
+            )
+    return LatentsResult(
+        encoder=name, table=path, version=ds.version, max_tokens=enc.max_tokens,
+        hidden_size=hidden, dtype=enc.dtype, computed=written.rows,
+        bytes_written=written.bytes_written, captions=stats,
+    )
+
+
+def _prepare_columns(path: str, schema: pa.Schema, name: str, enc: LatentEncoderConfig,
+                     hidden: int, captions: list[str], *, recompute: bool) -> None:
+    """The encoder's columns for every caption, added empty where missing; latents
+    computed with other settings are dropped first with `recompute`, refused without."""
+    existing = {m["caption"]: m for m in table_latents(schema) if m["encoder"] == name}
     changed = [
         cap for cap in captions if cap in existing
         and any(existing[cap].get(k) != _meta(enc, cap, hidden)[k] for k in _SPEC_KEYS)
@@ -209,6 +229,14 @@ def compute_latents(
             "--recompute` to replace them (or --drop to remove them)"
         )
     ensure_columns(path, [f for cap in captions for f in _fields(enc, cap, hidden)])
+
+
+def _encode(spark: SparkSession, path: str, name: str, enc: LatentEncoderConfig,
+            captions: list[str]):
+    """Encode the captions of the rows lacking a latent for any of them, in the latents
+    pool's workers, and write the values as new columns (what
+    :func:`etl.writers.lance_columns.write_columns` wrote)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
 
     todo = " OR ".join(f"{latent_columns(cap, name).latent} IS NULL" for cap in captions)
     rows = (
@@ -229,23 +257,9 @@ def compute_latents(
     sc = spark.sparkContext
     sc.setJobDescription(f"lakeshard latents: encode captions with {name}")
     try:
-        written = write_columns(spark, path, encoded)
+        return write_columns(spark, path, encoded)
     finally:
         sc.setJobDescription(None)
-
-    ds = lance.dataset(path)
-    stats = tuple(_caption_stats(ds, cap, enc) for cap in captions)
-    for s in stats:
-        if s.encoded + s.failed != s.rows:
-            raise RuntimeError(
-                f"latents {name}/{s.caption}: {s.rows} rows, but {s.encoded} encoded + "
-                f"{s.failed} failed"
-            )
-    return LatentsResult(
-        encoder=name, table=path, version=ds.version, max_tokens=enc.max_tokens,
-        hidden_size=hidden, dtype=enc.dtype, computed=written.rows,
-        bytes_written=written.bytes_written, captions=stats,
-    )
 
 
 def format_latents(res: LatentsResult) -> str:
