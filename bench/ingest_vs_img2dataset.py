@@ -212,6 +212,7 @@ def main() -> None:
 
     exe = img2dataset_bin()
     work = Path(args.work or tempfile.mkdtemp(prefix="ingest-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o755)  # nginx's workers run as an unprivileged user
     t0 = time.monotonic()
     total = make_photos(work / "www", args.n, tuple(args.megapixels), args.seed)
