@@ -133,6 +133,8 @@ def _features(cfg: Config, opts: Any, run_id: str | None) -> int:
 def _registered() -> list[Command]:
     """The registry's stages and commands, pipeline stages first (`curate`, `export`:
     a run of that stage, with the run's summary), then those printing their own."""
+    # `export --name` chooses the run's exports (not options of the stage), and
+    # `features list` only reads: their own handlers.
     special: dict[str, tuple[Callable, type | None]] = {
         "export": (_export, ExportOptions), "features": (_features, None)}
     out = []
