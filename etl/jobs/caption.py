@@ -248,7 +248,6 @@ def caption(
     t0 = time.perf_counter()
     plan = plan_caption(cfg, name, force=force)
     v = plan.version
-    cols = list(caption_columns(v.name))
     base = dict(
         version=v.name, column=v.column, model=v.model, smoke_test_model=v.model == TINY_MODEL,
         table_path=plan.table_path, version_before=plan.table_version,
@@ -267,46 +266,12 @@ def caption(
     if not reuse:
         log.warning("spark.python.worker.reuse is false: every caption task loads the model")
     sc.setJobDescription(f"lakeshard caption {v.name}")
-    # Keys and row addresses only: each task takes its image bytes from Lance itself.
-    reader = (
-        spark.read.format("lance")
-        .option("version", str(plan.table_version))
-        .option("columns", "sample_id")
-        .option("row_address", "true")
-        .option("fragment_id", "true")
-    )
-    if plan.predicate:
-        reader = reader.option("filter", plan.predicate)
-    rows = reader.load(plan.table_path)
-    if limit is not None:
-        rows = rows.limit(limit)
-    if v.partitions:
-        rows = rows.repartition(v.partitions)
-    keys = ["sample_id", FRAGMENT_ID]
-    mapper = caption_mapper(spec, plan.table_path, plan.table_version, keys=keys,
-                            row_address=ROW_ADDRESS)
-    schema = output_schema(to_arrow_schema(rows.select(*keys).schema))
-    with python_worker_pool(spark, "caption"):  # one model copy per task slot
-        captioned = rows.mapInArrow(mapper, from_arrow_schema(schema))
-    now = datetime.now(UTC).replace(tzinfo=None)
-    types = caption_columns(v.name)
-    values = [
-        F.col("caption"), F.col("status"), F.col("error"), F.col("flags"), F.col("tokens"),
-        F.lit(v.model), F.lit(v.prompt_sha256), F.lit(v.params_json()), F.lit(now),
-    ]
-    out = (
-        captioned.select(
-            *keys,
-            *[val.cast(types[name]).alias(name) for name, val in zip(cols, values, strict=True)],
-            *[F.col(c).alias(f"_{c}") for c in ("image_tokens", "padding", "worker",
-                                                "executor", "device", "task", "batch")],
-            F.col("model_loads").alias("_loads"),
-        )
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
+    rows = _rows_to_caption(spark, plan, limit)
+    out = _captioned(spark, spec, plan, rows).persist(StorageLevel.MEMORY_AND_DISK)
     stats = _run_stats(out, f"{v.column}_status", f"{v.column}_flags", f"{v.column}_tokens")
     sc.setJobDescription(f"lakeshard caption {v.name}: write columns")
-    written = write_columns(spark, plan.table_path, out.select(*keys, *cols))
+    written = write_columns(spark, plan.table_path,
+                            out.select(*_CAPTION_KEYS, *caption_columns(v.name)))
     sc.setJobDescription(None)
     out.unpersist()
     padding, image_tokens = stats["padding"], stats["image_tokens"]
@@ -319,6 +284,56 @@ def caption(
         worker_reuse=reuse,
         seconds=time.perf_counter() - t0,
         bytes_written=written.bytes_written,
+    )
+
+
+# The columns a captioned row is written back by: its id and its fragment.
+_CAPTION_KEYS = ("sample_id", FRAGMENT_ID)
+
+
+def _rows_to_caption(spark: SparkSession, plan: CaptionPlan, limit: int | None):
+    """Keys and row addresses of the rows to caption, at the planned version (each task
+    takes its image bytes from Lance itself); the first `limit`, spread over the
+    version's partitions if it sets them."""
+    reader = (
+        spark.read.format("lance")
+        .option("version", str(plan.table_version))
+        .option("columns", "sample_id")
+        .option("row_address", "true")
+        .option("fragment_id", "true")
+    )
+    if plan.predicate:
+        reader = reader.option("filter", plan.predicate)
+    rows = reader.load(plan.table_path)
+    if limit is not None:
+        rows = rows.limit(limit)
+    if plan.version.partitions:
+        rows = rows.repartition(plan.version.partitions)
+    return rows
+
+
+def _captioned(spark: SparkSession, spec: CaptionSpec, plan: CaptionPlan, rows):
+    """`rows` captioned by the caption pool's workers: the keys, the version's columns
+    (typed, with its provenance) and the per-row run figures :func:`_run_stats` reads."""
+    v = plan.version
+    keys = list(_CAPTION_KEYS)
+    mapper = caption_mapper(spec, plan.table_path, plan.table_version, keys=keys,
+                            row_address=ROW_ADDRESS)
+    schema = output_schema(to_arrow_schema(rows.select(*keys).schema))
+    with python_worker_pool(spark, "caption"):  # one model copy per task slot
+        captioned = rows.mapInArrow(mapper, from_arrow_schema(schema))
+    now = datetime.now(UTC).replace(tzinfo=None)
+    types = caption_columns(v.name)
+    values = [
+        F.col("caption"), F.col("status"), F.col("error"), F.col("flags"), F.col("tokens"),
+        F.lit(v.model), F.lit(v.prompt_sha256), F.lit(v.params_json()), F.lit(now),
+    ]
+    return captioned.select(
+        *keys,
+        *[val.cast(types[name]).alias(name) for name, val in zip(types, values, strict=True)],
+        *[F.col(c).alias(f"_{c}") for c in ("image_tokens", "padding", "worker",
+                                            "executor", "device", "task", "batch")],
+        F.col("model_loads").alias("_loads"),
     )
 
 
