@@ -27,6 +27,7 @@ written (img2dataset's `successes`, lakeshard's `accepted`), or the bench fails.
 
     .venv/bin/python bench/ingest_vs_img2dataset.py               # 2,000 URLs, 2 rounds
     .venv/bin/python bench/ingest_vs_img2dataset.py --n 200 --rounds 1   # a quick look
+    .venv/bin/python bench/ingest_vs_img2dataset.py --jobs   # + Spark jobs per curate step
 """
 
 from __future__ import annotations
@@ -167,12 +168,40 @@ def lakeshard_config(urls: Path, root: Path, args) -> dict:
     }
 
 
+def _job_steps(folder: Path) -> list[tuple[str, int, float]]:
+    """Spark's event log of one run, its jobs grouped by description: (step, jobs,
+    seconds), in the order the steps started."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and "appstatus" not in p.name)
+    starts, steps = {}, {}
+    for line in (line for f in files for line in f.read_text().splitlines()):
+        ev = json.loads(line)
+        if ev.get("Event") == "SparkListenerJobStart":
+            desc = (ev.get("Properties") or {}).get("spark.job.description") or "(none)"
+            # Delta's own jobs: "Delta: <our step> - MERGE operation - ...": our step.
+            desc = desc.removeprefix("Delta: ").split(" - ")[0]
+            starts[ev["Job ID"]] = (ev["Submission Time"], desc)
+        elif ev.get("Event") == "SparkListenerJobEnd" and ev["Job ID"] in starts:
+            t0, desc = starts[ev["Job ID"]]
+            n, secs = steps.get(desc, (0, 0.0))
+            steps[desc] = (n + 1, secs + (ev["Completion Time"] - t0) / 1000)
+    return [(desc, n, secs) for desc, (n, secs) in steps.items()]
+
+
 def run_lakeshard(urls: Path, work: Path, rnd: int, args) -> dict:
     import yaml
 
     root = work / f"lakeshard-{rnd}"
     conf = work / f"lakeshard-{rnd}.yaml"
-    conf.write_text(yaml.safe_dump(lakeshard_config(urls, root, args)))
+    raw = lakeshard_config(urls, root, args)
+    events_dir = work / f"eventlog-{rnd}"
+    if args.jobs:
+        shutil.rmtree(events_dir, ignore_errors=True)
+        events_dir.mkdir(parents=True)
+        raw["spark"]["conf"].update({"spark.eventLog.enabled": "true",
+                                     "spark.eventLog.dir": str(events_dir),
+                                     "spark.eventLog.compress": "false",
+                                     "spark.eventLog.rolling.enabled": "false"})
+    conf.write_text(yaml.safe_dump(raw))
     t0 = time.monotonic()
     with open(work / f"lakeshard-{rnd}.log", "wb") as log:
         subprocess.run([str(REPO / ".venv" / "bin" / "lakeshard"), "--conf", str(conf), "run",
@@ -184,6 +213,10 @@ def run_lakeshard(urls: Path, work: Path, rnd: int, args) -> dict:
     summary = json.loads(events.with_name("summary.json").read_text())
     accepted = summary["curate"]["curated_rows"]  # a new root: every curated row is new
     shutil.rmtree(root, ignore_errors=True)
+    if args.jobs:
+        print(f"       Spark jobs of lakeshard round {rnd + 1}, by step:")
+        for desc, n, secs in _job_steps(events_dir):
+            print(f"         {secs:>6.1f} s {n:>3} jobs  {desc[:90]}")
     return {"wall": wall, "stage": end["seconds"], "images": accepted}
 
 
@@ -203,6 +236,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=16, help="img2dataset threads/process")
     ap.add_argument("--per-host", type=int, default=16, help="lakeshard fetch.per_host")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--jobs", action="store_true",
+                    help="also print lakeshard's Spark jobs per curate step (event log)")
     ap.add_argument("--work", default=None, help="folder for photos and outputs (temp)")
     args = ap.parse_args()
     args.processes = args.processes or args.cores
