@@ -176,95 +176,31 @@ def _read_back(path: str, splits: list[str], counts: list[int], biggest: str,
 
 
 def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: int,
-                  taken_down: frozenset[str] | None = None):
-    from streaming.base.hashing import get_hash
-
+                  taken_down: frozenset[str] | None = None) -> VerifyReport:
+    """Verify the export in local folder `path` (reported as `shown`): the checks in
+    order, each adding its problems to one report."""
     report = VerifyReport(shown)
     try:
-        with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
-            manifest = json.load(f)
-        splits = sorted(manifest.get("bucket_samples") or {"": manifest["samples"]})
-        indexes = {}
-        for split in splits:
-            with open(os.path.join(path, split, "index.json"), encoding="utf-8") as f:
-                indexes[split] = json.load(f)
+        manifest, indexes = _read_layout(path)
     except (OSError, ValueError, KeyError) as exc:
         report.problems.append(f"cannot read manifest/index: {exc}")
         return report
-
-    for split, index in indexes.items():
-        report.shards += len(index["shards"])
-        n = sum(s["samples"] for s in index["shards"])
-        report.samples += n
-        if split and n != manifest["bucket_samples"][split]:
-            want = manifest["bucket_samples"][split]
-            report.problems.append(f"bucket {split}: index has {n} samples, manifest {want}")
-        for shard in index["shards"]:
-            for key in ("raw_data", "zip_data"):
-                info = shard.get(key)
-                if not info:
-                    continue
-                try:
-                    data = open(os.path.join(path, split, info["basename"]), "rb").read()
-                except OSError:
-                    report.problems.append(f"missing shard file {split}/{info['basename']}")
-                    continue
-                if len(data) != info["bytes"]:
-                    report.problems.append(
-                        f"{info['basename']}: {len(data)} bytes, index says {info['bytes']}"
-                    )
-                for algo, expected in (info.get("hashes") or {}).items():
-                    if get_hash(algo, data) != expected:
-                        report.problems.append(f"{info['basename']}: {algo} hash mismatch")
+    counts = {split: _samples(index) for split, index in indexes.items()}
+    report.shards = sum(len(index["shards"]) for index in indexes.values())
+    report.samples = sum(counts.values())
+    report.problems.extend(_check_shards(path, manifest, indexes))
     if report.samples != manifest["samples"]:
         report.problems.append(
             f"indexes have {report.samples} samples, manifest {manifest['samples']}"
         )
+    report.problems.extend(_check_checksums(path, manifest, list(indexes)))
+    report.problems.extend(_check_table(manifest, report.samples))
 
-    found = partition_checksums(path, splits)
-    # An export written incrementally keeps some partitions of earlier runs: its
-    # manifest lists the partition ids it is made of.
-    part_ids = manifest.get("part_ids") or range(manifest.get("partitions", len(found)))
-    part_sums = [found.get(pid, "") for pid in part_ids]
-    if part_sums != manifest.get("part_checksums"):
-        report.problems.append("partition checksums differ from the manifest")
-    checksum = hashlib.sha256("".join(part_sums).encode()).hexdigest()
-    if checksum != manifest.get("checksum"):
-        report.problems.append("export checksum differs from the manifest")
-
-    table = manifest.get("table")
-    if table:
-        import lance
-
-        try:
-            ds = lance.dataset(table, version=manifest["table_version"])
-        except (ValueError, OSError) as exc:
-            ds = None
-            try:
-                gone = lance.dataset(table).version > manifest["table_version"]
-            except (ValueError, OSError):
-                gone = False
-            report.problems.append(
-                f"table {table} v{manifest['table_version']} no longer exists (its versions "
-                "were cleaned after a removal): export again" if gone else
-                f"cannot read table {table}: {exc}"
-            )
-        if ds is not None:
-            rows = ds.count_rows(filter=manifest.get("where"))
-            # Non-canonical duplicates dedup marked are left out by the export, and so
-            # are rows a takedown names that were still in the table.
-            rows -= (manifest.get("dedup") or {}).get("excluded_duplicates", 0)
-            rows -= (manifest.get("removals") or {}).get("excluded_taken_down", 0)
-            if rows != report.samples:
-                report.problems.append(
-                    f"table {table} v{manifest['table_version']} has {rows} rows matching "
-                    f"{manifest.get('where')!r}, export has {report.samples}"
-                )
-
-    biggest = max(splits, key=lambda sp: sum(s["samples"] for s in indexes[sp]["shards"]))
-    expected = min(loader_samples, sum(s["samples"] for s in indexes[biggest]["shards"]))
-    counts = [sum(s["samples"] for s in indexes[sp]["shards"]) for sp in splits]
-    decoded, loaded, problems = _in_child(_read_back, path, splits, counts, biggest,
+    splits = list(indexes)
+    biggest = max(splits, key=lambda sp: counts[sp])
+    expected = min(loader_samples, counts[biggest])
+    decoded, loaded, problems = _in_child(_read_back, path, splits,
+                                          [counts[sp] for sp in splits], biggest,
                                           loader_workers, loader_samples, taken_down)
     report.images_decoded += decoded
     report.loader_samples += loaded
@@ -274,3 +210,101 @@ def _verify_local(path: str, shown: str, loader_workers: int, loader_samples: in
             f"DataLoader read {report.loader_samples} samples, expected at least {expected}"
         )
     return report
+
+
+def _read_layout(path: str) -> tuple[dict, dict[str, dict]]:
+    """The manifest and each split's ``index.json`` (``""``: the root, without
+    buckets), splits in name order."""
+    with open(os.path.join(path, "manifest.json"), encoding="utf-8") as f:
+        manifest = json.load(f)
+    splits = sorted(manifest.get("bucket_samples") or {"": manifest["samples"]})
+    indexes = {}
+    for split in splits:
+        with open(os.path.join(path, split, "index.json"), encoding="utf-8") as f:
+            indexes[split] = json.load(f)
+    return manifest, indexes
+
+
+def _samples(index: dict) -> int:
+    """The samples an ``index.json`` lists."""
+    return sum(s["samples"] for s in index["shards"])
+
+
+def _check_shards(path: str, manifest: dict, indexes: dict[str, dict]) -> list[str]:
+    """Per bucket, its sample count against the manifest's; per shard file, its size
+    and hashes against its index."""
+    from streaming.base.hashing import get_hash
+
+    problems = []
+    for split, index in indexes.items():
+        n = _samples(index)
+        if split and n != manifest["bucket_samples"][split]:
+            want = manifest["bucket_samples"][split]
+            problems.append(f"bucket {split}: index has {n} samples, manifest {want}")
+        for shard in index["shards"]:
+            for key in ("raw_data", "zip_data"):
+                info = shard.get(key)
+                if not info:
+                    continue
+                try:
+                    data = open(os.path.join(path, split, info["basename"]), "rb").read()
+                except OSError:
+                    problems.append(f"missing shard file {split}/{info['basename']}")
+                    continue
+                if len(data) != info["bytes"]:
+                    problems.append(
+                        f"{info['basename']}: {len(data)} bytes, index says {info['bytes']}"
+                    )
+                for algo, expected in (info.get("hashes") or {}).items():
+                    if get_hash(algo, data) != expected:
+                        problems.append(f"{info['basename']}: {algo} hash mismatch")
+    return problems
+
+
+def _check_checksums(path: str, manifest: dict, splits: list[str]) -> list[str]:
+    """Each partition's checksum, and the export's, recomputed from the files."""
+    found = partition_checksums(path, splits)
+    # An export written incrementally keeps some partitions of earlier runs: its
+    # manifest lists the partition ids it is made of.
+    part_ids = manifest.get("part_ids") or range(manifest.get("partitions", len(found)))
+    part_sums = [found.get(pid, "") for pid in part_ids]
+    problems = []
+    if part_sums != manifest.get("part_checksums"):
+        problems.append("partition checksums differ from the manifest")
+    checksum = hashlib.sha256("".join(part_sums).encode()).hexdigest()
+    if checksum != manifest.get("checksum"):
+        problems.append("export checksum differs from the manifest")
+    return problems
+
+
+def _check_table(manifest: dict, samples: int) -> list[str]:
+    """The export's `samples` against the rows of the curated table version and
+    predicate the manifest names (less what the export left out on purpose)."""
+    table = manifest.get("table")
+    if not table:
+        return []
+    import lance
+
+    try:
+        ds = lance.dataset(table, version=manifest["table_version"])
+    except (ValueError, OSError) as exc:
+        try:
+            gone = lance.dataset(table).version > manifest["table_version"]
+        except (ValueError, OSError):
+            gone = False
+        return [
+            f"table {table} v{manifest['table_version']} no longer exists (its versions "
+            "were cleaned after a removal): export again" if gone else
+            f"cannot read table {table}: {exc}"
+        ]
+    rows = ds.count_rows(filter=manifest.get("where"))
+    # Non-canonical duplicates dedup marked are left out by the export, and so
+    # are rows a takedown names that were still in the table.
+    rows -= (manifest.get("dedup") or {}).get("excluded_duplicates", 0)
+    rows -= (manifest.get("removals") or {}).get("excluded_taken_down", 0)
+    if rows != samples:
+        return [
+            f"table {table} v{manifest['table_version']} has {rows} rows matching "
+            f"{manifest.get('where')!r}, export has {samples}"
+        ]
+    return []
