@@ -187,3 +187,26 @@ def test_local_commit_without_an_earlier_export_and_an_unreadable_manifest(tmp_p
     assert sorted(os.listdir(tmp_path)) == ["train"]
     (tmp_path / "train" / "manifest.json").write_text("{torn")
     assert commit.read_manifest() is None
+
+
+def test_a_task_attempt_publishes_its_partition_and_a_second_finisher_yields(tmp_path):
+    """The task side of the local layout: the first attempt to finish renames its folder
+    to the partition's, with its record inside; a later attempt of the same partition
+    deletes its copy and reports the winner's record instead of its own."""
+    from etl.writers.mds.checksum import PART_META
+    from etl.writers.mds.task import _publish_local
+
+    part_dir = tmp_path / "part-00003"
+    first, second = (tmp_path / "_attempts" / f"part-00003-t{t}" for t in (1, 2))
+    for attempt, data in ((first, b"first"), (second, b"second")):
+        attempt.mkdir(parents=True)
+        (attempt / "shard.00000.mds").write_bytes(data)
+    won = {"partition": 3, "samples": 5, "checksum": "aa", "dir": "part-00003", "indexes": "{}"}
+    assert _publish_local(won, str(first), str(part_dir)) == won
+    assert not first.exists() and (part_dir / "shard.00000.mds").read_bytes() == b"first"
+    assert json.loads((part_dir / PART_META).read_text()) == won
+
+    lost = {**won, "checksum": "bb"}
+    assert _publish_local(lost, str(second), str(part_dir)) == won
+    assert not second.exists() and (part_dir / "shard.00000.mds").read_bytes() == b"first"
+    assert json.loads((part_dir / PART_META).read_text()) == won
