@@ -351,3 +351,22 @@ def pq_ids(out, part):
     from etl.writers.mds import PART_IDS
 
     return pq.read_table(os.path.join(out, part["dir"], PART_IDS)).column("sample_id").to_pylist()
+
+
+def test_an_increment_is_written_whole_past_its_share_partition_count_or_ids():
+    """Why an incremental export rewrites everything instead (the manifest's
+    ``increment.reason``): more than half its rows to write, more than 4x the configured
+    partitions, or partition ids past part-99999; otherwise only what changed."""
+    from etl.writers.mds import _rewrite_reason
+
+    def reason(to_write, total=100, parts_after=8, next_id=9):
+        return _rewrite_reason(to_write, total, parts_after=parts_after, next_id=next_id,
+                               partitions=8)
+
+    assert reason(50) == "only what changed"
+    assert reason(51) == "51 of 100 rows to write (> 50%)"
+    assert reason(10, parts_after=32) == "only what changed"
+    assert reason(10, parts_after=33) == "33 partitions (> 4 x 8): rewritten to compact them"
+    assert reason(10, next_id=99_999) == "only what changed"
+    assert reason(10, next_id=100_000) == "partition ids exhausted"
+    assert reason(60, parts_after=40, next_id=100_000).startswith("60 of 100")  # share first
