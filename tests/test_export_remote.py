@@ -11,6 +11,7 @@ import sys
 import pytest
 import yaml
 from conftest import JARS_DIR
+from support import scoped_env
 
 pytestmark = pytest.mark.slow
 
@@ -31,16 +32,10 @@ def s3(tmp_path_factory):
         "AWS_SECRET_ACCESS_KEY": "test",
         "AWS_DEFAULT_REGION": "us-east-1",
     }
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
-    client.create_bucket(Bucket=BUCKET)
-    yield env, client
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    with scoped_env(env):
+        client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"])
+        client.create_bucket(Bucket=BUCKET)
+        yield env, client
     server.stop()
 
 
