@@ -2,8 +2,9 @@
 
 A document is used only at the kind, format and key it was written with; missing,
 damaged, foreign or stale it reads as None, and each owner then computes its figures
-again (tested here for the curate's source versions, an export's memo and the kept
-counts; their end-to-end uses are in test_incremental, test_dedup and test_counts)."""
+again (tested here for the curate's source versions and quiet-night document, an
+export's memos and the kept counts; their end-to-end uses are in test_incremental,
+test_pipeline_e2e, test_dedup and test_counts)."""
 
 from __future__ import annotations
 
@@ -105,6 +106,46 @@ def test_an_export_memo_is_keyed_by_the_versions_it_counted_at(tmp_path):
     other.save(None, 10, {"include_duplicates": True}, None, removals)
     assert not (tmp_path / "_lakeshard" / "exports" / "other.dedup.json").exists()
     assert not (tmp_path / "_lakeshard" / "exports" / "other.removals.json").exists()
+
+
+def test_an_export_key_is_kept_only_for_the_export_in_place(tmp_path):
+    from etl import tables
+    from etl.jobs import export
+
+    from etl.config import parse_config
+
+    cfg = parse_config({"storage": {"root": str(tmp_path)}, "exports": {"train": {}},
+                        "sources": [{"name": "s", "kind": "image_folder",
+                                     "path": str(tmp_path / "in")}]})
+    memo = export._Memo(cfg, "train")
+    inputs = {"version": 7, "dedup": 3, "manifest": 5, "takedowns": None}
+    out = tables.export_path(cfg, "train")
+    memo.save_key(inputs, out)  # no export there: nothing to remember
+    assert memo.export_key(inputs) is None
+    os.makedirs(out)
+    with open(os.path.join(out, "manifest.json"), "w") as f:
+        json.dump({"export_key": "abc123", "samples": 3, "shards": 1, "bytes": 10,
+                   "checksum": "c"}, f)
+    memo.save_key(inputs, out)
+    assert export._Memo(cfg, "train").export_key(inputs) == "abc123"
+    assert memo.export_key({**inputs, "manifest": 6}) is None  # a removal since
+    assert memo.export_key(None) is None  # dedup behind the table: never kept
+    assert export._in_place(cfg, "train", "abc123").unchanged
+    assert export._in_place(cfg, "train", "other") is None  # rewritten since
+
+
+def test_the_quiet_night_document_is_cleared_not_trusted(tmp_path):
+    from etl.jobs import curate
+
+    cfg = _cfg(tmp_path)
+    state = curate._quiet_state(cfg)
+    key = {"sources": {"s": ["cfg", "version 3"]}, "manifest": 4, "takedowns": None,
+           "code": "x"}
+    state.save(key, {"unchanged": {"s": 2}, "scans": {"s": "listing"}, "versions": {}})
+    assert state.load(key)["unchanged"] == {"s": 2}
+    assert state.load({**key, "manifest": 5}) is None  # the manifest moved on
+    state.clear()
+    assert state.load(key) is None and _raw(state.path)["key"] is None
 
 
 def test_kept_counts_are_a_document_of_their_columns(tmp_path):

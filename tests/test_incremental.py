@@ -155,3 +155,24 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path, monkeypa
         assert by_run == {("r1", "accepted"): 12, ("r2", "unchanged"): 12,
                           ("r2b", "unchanged"): 12,
                           ("r3", "accepted"): 3, ("r3", "unchanged"): 12}
+
+
+def test_a_retried_record_keeps_the_next_night_from_being_quiet(spark, tmp_path):
+    """A record the next run tries again (here an HTTP 500) is fetched again every night:
+    the run that failed it leaves no quiet-night document to skip it with."""
+    with Server() as server:
+        server.files["ok.jpg"] = _img(1)
+        (tmp_path / "urls.jsonl").write_text("".join(
+            json.dumps({"id": k, "url": f"{server.url}{p}"}) + "\n"
+            for k, p in (("ok", "/img/ok.jpg"), ("bad", "/500"))))
+        cfg = make_config(tmp_path / "out", sources=[
+            {"name": "urls", "kind": "table", "path": str(tmp_path / "urls.jsonl"),
+             "columns": {"key": "id", "url": "url"}}],
+            fetch={"retries": 0, "timeout_s": 5, "allow_networks": ["127.0.0.1/32"]})
+        first = _curate(spark, cfg, "t1")["urls"]
+        assert (first.accepted, first.rejected, first.reasons) == (1, 1, {"http_500": 1})
+        again = _curate(spark, cfg, "t2")["urls"]
+        assert (again.seen, again.unchanged, again.reasons) == (1, 1, {"http_500": 1})
+        assert server.hits["/500"] == 2 and server.hits["/img/ok.jpg"] == 1
+        doc = tmp_path / "out" / "_lakeshard" / "curate_quiet.json"
+        assert not doc.exists() or json.loads(doc.read_text())["key"] is None

@@ -43,6 +43,7 @@ from etl.lakehouse.maintenance import (
     remove_taken_down,
     run_due_purges,
 )
+from etl.ledger import code_version
 from etl.runtime.faults import fault_point
 from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.schema import UPSTREAM_COLUMNS, sample_id_col
@@ -501,12 +502,18 @@ def _sources_key(cfg: Config) -> dict[str, list[str]] | None:
     return out
 
 
+def _quiet_key(sources: dict, cat: Catalog) -> dict:
+    return {"sources": sources, "manifest": cat.manifest.version(),
+            "takedowns": cat.takedowns.version(), "code": code_version()}
+
+
 def _check_quiet(cfg: Config, cat: Catalog) -> _Quiet:
     sources = _sources_key(cfg)  # listed before any table is read
-    manifest = cat.manifest.version()
-    if sources is None or manifest is None or not cat.curated.exists():
-        return _Quiet(None if sources is None else {"sources": sources}, None)
-    key = {"sources": sources, "manifest": manifest, "takedowns": cat.takedowns.version()}
+    if sources is None:
+        return _Quiet(None, None)
+    key = _quiet_key(sources, cat)
+    if key["manifest"] is None or not cat.curated.exists():
+        return _Quiet(key, None)
     return _Quiet(key, _quiet_state(cfg).load(key))
 
 
@@ -532,9 +539,7 @@ def _remember_quiet(spark: SparkSession, cfg: Config, cat: Catalog, quiet: _Quie
         version = diff.versions.get(s.name)
         scans[s.name] = ("kept" if s.on_removed == "keep" else "listing" if version is None
                          else adapter_for(s.kind).deleted_keys(spark, s, version, version)[1])
-    key = {**quiet.key, "manifest": cat.manifest.version(),
-           "takedowns": cat.takedowns.version()}
-    state.save(key, {"unchanged": unchanged, "scans": scans,
+    state.save(_quiet_key(quiet.key["sources"], cat), {"unchanged": unchanged, "scans": scans,
                      "versions": removals.source_versions})
 
 

@@ -12,20 +12,20 @@ a takedown names is left out even if a run died before deleting it from the tabl
 
 from __future__ import annotations
 
-import pandas as pd
+from dataclasses import dataclass
+from typing import Any
+
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from etl import tables
 from etl.config import Config
 from etl.errors import ConfigError
-from etl.lakehouse.counts import manifest_counts
-from etl.lakehouse.dedup_table import DedupTable
+from etl.lakehouse.catalog import Catalog
+from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 from etl.lakehouse.derived import DerivedState
+from etl.ledger import code_version
 from etl.runtime.stage import Metrics, RunContext, StageResult
-from etl.schema import REMOVED
-from etl.transforms.bronze import taken_down_ids
 from etl.transforms.export import (
     export_columns,
     export_rows,
@@ -38,30 +38,11 @@ from etl.writers.mds import BlobSource, ExportResult, export_mds, mds_encoding, 
 __all__ = ["export", "stage"]
 
 
-def _taken_down(spark: SparkSession, cfg: Config) -> DataFrame | None:
-    """``sample_id`` of every record a takedown names, or None without takedowns."""
-    takedowns = tables.read_delta(spark, tables.layout(cfg).takedowns)
-    if takedowns is None:
-        return None
-    return taken_down_ids(takedowns).localCheckpoint(eager=True)
-
-
 def _removals(spark: SparkSession, cfg: Config) -> dict:
     """Rows removals took out of the curated table (and so out of every export since):
     how many, by reason, and a fingerprint of their ids (so the export key changes)."""
-    paths = tables.layout(cfg)
     out: dict = {"removed": 0, "by_reason": {}, "fingerprint": 0}
-    counts = manifest_counts(paths)  # kept per data file: reads what changed
-    manifest = tables.read_delta(spark, paths.manifest)
-    if manifest is None:
-        return out
-    gone = manifest.where((F.col("status") == REMOVED) & (F.col("stage") == "curated"))
-    if counts is None:  # a manifest delta-rs does not read
-        by_reason = {r["reason"]: r["count"] for r in gone.groupBy("reason").count().collect()}
-    else:
-        mine = counts[(counts["status"] == REMOVED) & (counts["stage"] == "curated")]
-        by_reason = {(None if pd.isna(r) else r): int(n) for r, n in mine.groupby(
-            "reason", dropna=False)["count"].sum().items()}
+    gone, by_reason = Catalog.of(spark, cfg).manifest.removed_from_curated()
     if by_reason:
         out.update(removed=sum(by_reason.values()), by_reason=dict(sorted(by_reason.items())),
                    fingerprint=ids_fingerprint(gone))
@@ -79,6 +60,18 @@ class _Memo:
         base = f"{tables.layout(cfg).meta_dir}/exports/{name}"
         self._dedup = DerivedState(f"{base}.dedup.json", "export_dedup")
         self._removals = DerivedState(f"{base}.removals.json", "export_removals")
+        self._key = DerivedState(f"{base}.key.json", "export_key")
+
+    def export_key(self, inputs: dict | None) -> str | None:
+        """The export key last committed from `inputs` (see :func:`_quiet_inputs`)."""
+        kept = self._key.load(inputs) if inputs is not None else None
+        return None if kept is None else kept.get("export_key")
+
+    def save_key(self, inputs: dict | None, out_dir: str) -> None:
+        """After the export committed: the key its manifest names, keyed by `inputs`."""
+        written = read_manifest(out_dir) if inputs is not None else None
+        if written is not None and written.get("export_key"):
+            self._key.save(inputs, {"export_key": written["export_key"]})
 
     def dedup(self, inputs: dict) -> tuple[int, int, int] | None:
         """(expected, excluded_duplicates, duplicates_fingerprint) counted at `inputs`."""
@@ -169,7 +162,7 @@ def _exclude_taken_down(spark: SparkSession, cfg: Config, curated: DataFrame,
                         ) -> tuple[DataFrame | None, int]:
     """Rows a takedown names that are still in the table (a run died before deleting
     them; normally none): left out too. Returns every id left out and the rows left."""
-    taken_down = _taken_down(spark, cfg)
+    taken_down = Catalog.of(spark, cfg).takedowns.taken_down_ids()
     if taken_down is None or taken_down.isEmpty():
         return duplicates, expected
     kept = curated.select("sample_id")
@@ -181,10 +174,19 @@ def _exclude_taken_down(spark: SparkSession, cfg: Config, curated: DataFrame,
     return left_out, remaining
 
 
-def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
-    exp = cfg.export(name)
-    table = tables.open_curated(cfg)
-    paths = tables.layout(cfg)
+@dataclass(frozen=True)
+class _Columns:
+    """Step "choose columns": the pinned table and what the export takes from it."""
+    table: Any  # the curated Lance dataset at the version exported
+    mapping: dict[str, str]  # export field -> table column
+    matching: int  # rows matching `where`
+    encodings: dict[str, str]  # latent fields -> their MDS encodings
+    fetched: dict[str, str]  # fields whose bytes each task reads from Lance by address
+    small: list[str]  # the columns read through Spark
+    identity: str | None  # a row's image in an incremental export's diff
+
+
+def _columns(name: str, exp, table) -> _Columns:
     mapping = export_columns(exp, table.schema.names)
     try:
         matching = table.count_rows(filter=exp.where)
@@ -195,46 +197,116 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     # address and each export task takes the bytes from the pinned version (BlobSource).
     fetched = {out: src for out, src in mapping.items() if out == "image" or out in encodings}
     small = sorted({src for out, src in mapping.items() if out not in fetched})
-    # A row's image, in its fingerprint (an incremental export's diff), by its hash.
     identity = ("image_sha256" if exp.incremental and "image_sha256" in table.schema.names
                 else None)
     if identity and identity not in small:
         small.append(identity)
-    memo = _Memo(cfg, name)
-    curated = _read_curated(spark, paths.curated, table.version, small, exp.where)
-    try:
-        duplicates, after_dedup, dedup, memo_inputs = _dedup_lineage(
-            spark, cfg, exp, table.version, curated, matching, memo)
-        # Rows removals took out, as of the manifest's version (the memo's when the same).
-        manifest_version = tables.delta_version(spark, paths.manifest)
-        removals = memo.removals(manifest_version) or _removals(spark, cfg)
-        memo_removals = dict(removals)  # takedowns are applied afresh each time
-        left_out, expected = _exclude_taken_down(spark, cfg, curated, duplicates,
-                                                 after_dedup, removals)
-        rows = export_rows(curated, mapping, captions=set(exp.captions), fetched=set(fetched),
-                           duplicates=left_out, row_address=ROW_ADDRESS, identity=identity)
-        for f in rows.schema.fields:  # MDS encodings checked before the job starts
-            if f.name not in (ROW_ADDRESS, "_identity") and f.name not in encodings:
-                mds_encoding(f.dataType, f.name)
-        result = export_mds(
-            rows, tables.export_path(cfg, name), partitions=exp.partitions,
-            size_limit=exp.size_limit, compression=exp.compression, hashes=exp.hashes,
-            seed=exp.seed, blobs=BlobSource(paths.curated, table.version, fetched),
-            buckets=exp.buckets, jpeg_quality=cfg.prepare.jpeg_quality,
-            encodings=encodings or None,
-            manifest={"name": name, "table": paths.curated, "where": exp.where,
-                      "sources": dict(mapping)},
-            # What changes with the table's content: an incremental export diffs rows when
-            # only this changed since the export in place.
-            lineage={"table_version": table.version, "dedup": dedup, "removals": removals},
-            incremental=exp.incremental, identity="_identity" if identity else None,
+    return _Columns(table, mapping, matching, encodings, fetched, small, identity)
+
+
+@dataclass(frozen=True)
+class _Chosen:
+    """Step "choose rows": what the export leaves out, and the lineage that says so."""
+    left_out: DataFrame | None  # non-canonical duplicates and taken-down rows
+    expected: int  # the samples the export must hold
+    dedup: dict  # lineage: the dedup part
+    removals: dict  # lineage: rows removals took out (and takedowns left out)
+    memo: tuple  # what the memo keeps once the export committed
+
+
+def _choose_rows(spark: SparkSession, cfg: Config, exp, cols: _Columns, curated: DataFrame,
+                 memo: _Memo) -> _Chosen:
+    version = cols.table.version
+    duplicates, after_dedup, dedup, inputs = _dedup_lineage(
+        spark, cfg, exp, version, curated, cols.matching, memo)
+    # Rows removals took out, as of the manifest's version (the memo's when the same).
+    manifest_version = Catalog.of(spark, cfg).manifest.version()
+    removals = memo.removals(manifest_version) or _removals(spark, cfg)
+    kept = dict(removals)  # takedowns are applied afresh each time
+    left_out, expected = _exclude_taken_down(spark, cfg, curated, duplicates, after_dedup,
+                                             removals)
+    return _Chosen(left_out, expected, dedup, removals,
+                   (inputs, after_dedup, dedup, manifest_version, kept))
+
+
+def _write(cfg: Config, name: str, exp, cols: _Columns, curated: DataFrame,
+           chosen: _Chosen) -> ExportResult:
+    """Step "write": the partition-wise MDS writer, then the closing count."""
+    paths, version = tables.layout(cfg), cols.table.version
+    rows = export_rows(curated, cols.mapping, captions=set(exp.captions),
+                       fetched=set(cols.fetched), duplicates=chosen.left_out,
+                       row_address=ROW_ADDRESS, identity=cols.identity)
+    for f in rows.schema.fields:  # MDS encodings checked before the job starts
+        if f.name not in (ROW_ADDRESS, "_identity") and f.name not in cols.encodings:
+            mds_encoding(f.dataType, f.name)
+    result = export_mds(
+        rows, tables.export_path(cfg, name), partitions=exp.partitions,
+        size_limit=exp.size_limit, compression=exp.compression, hashes=exp.hashes,
+        seed=exp.seed, blobs=BlobSource(paths.curated, version, cols.fetched),
+        buckets=exp.buckets, jpeg_quality=cfg.prepare.jpeg_quality,
+        encodings=cols.encodings or None,
+        manifest={"name": name, "table": paths.curated, "where": exp.where,
+                  "sources": dict(cols.mapping)},
+        # What changes with the table's content: an incremental export diffs rows when
+        # only this changed since the export in place.
+        lineage={"table_version": version, "dedup": chosen.dedup,
+                 "removals": chosen.removals},
+        incremental=exp.incremental, identity="_identity" if cols.identity else None,
+    )
+    if result.samples != chosen.expected:
+        raise RuntimeError(
+            f"export {name!r} has {result.samples} samples, the table has "
+            f"{chosen.expected} matching {exp.where!r}"
         )
-        if result.samples != expected:
-            raise RuntimeError(
-                f"export {name!r} has {result.samples} samples, the table has {expected} "
-                f"matching {exp.where!r}"
-            )
-        memo.save(memo_inputs, after_dedup, dedup, manifest_version, memo_removals)
+    return result
+
+
+def _quiet_inputs(spark: SparkSession, cfg: Config, name: str, version: int) -> dict | None:
+    """Everything an export's key depends on, read from table logs and metadata (no
+    Spark job): lakeshard's version, the export's settings, the curated version, the
+    dedup, manifest and takedowns versions. None when dedup does not cover the curated
+    rows (the full path then warns about it, every time)."""
+    exp = cfg.export(name)
+    dedup = DedupTable(spark, cfg)
+    if not exp.include_duplicates:
+        state = dedup.state()
+        if state is None or not dedup.covers_rows(
+                int(state.get(DEDUP_CURATED_VERSION, -1)), version):
+            return None
+    cat = Catalog.of(spark, cfg)
+    return {"code": code_version(), "export": exp.model_dump(mode="json"), "version": version,
+            "jpeg_quality": cfg.prepare.jpeg_quality, "dedup": dedup.version(),
+            "manifest": cat.manifest.version(), "takedowns": cat.takedowns.version()}
+
+
+def _in_place(cfg: Config, name: str, key: str | None) -> ExportResult | None:
+    """The export in place when it was written with `key`."""
+    out = tables.export_path(cfg, name)
+    current = read_manifest(out) if key else None
+    if current is None or current.get("export_key") != key:
+        return None
+    return ExportResult.from_manifest(out, current, resumed=cfg.export(name).partitions,
+                                      unchanged=True)
+
+
+def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
+    """Choose the columns and rows of export `name` at the curated table's version,
+    write them, and remember what was counted (:class:`_Memo`) once it committed. When
+    nothing it depends on changed since the export in place was written, that is all."""
+    exp = cfg.export(name)
+    cols = _columns(name, exp, tables.open_curated(cfg))
+    memo = _Memo(cfg, name)
+    inputs = _quiet_inputs(spark, cfg, name, cols.table.version)
+    quiet = _in_place(cfg, name, memo.export_key(inputs))
+    if quiet is not None:
+        return quiet
+    curated = _read_curated(spark, tables.layout(cfg).curated, cols.table.version,
+                            cols.small, exp.where)
+    try:
+        chosen = _choose_rows(spark, cfg, exp, cols, curated, memo)
+        result = _write(cfg, name, exp, cols, curated, chosen)
+        memo.save(*chosen.memo)
+        memo.save_key(inputs, tables.export_path(cfg, name))
         return result
     finally:
         curated.unpersist()

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -33,7 +34,7 @@ from etl.config import Config
 from etl.lakehouse.counts import MANIFEST_COLUMNS, delta_counts
 from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.schema import REMOVED
-from etl.transforms.bronze import known_fingerprint, takedown_identifiers
+from etl.transforms.bronze import known_fingerprint, takedown_identifiers, taken_down_ids
 from etl.writers.delta import (
     delete_rejects,
     mark_removed,
@@ -89,6 +90,22 @@ class Manifest(_DeltaTable):
             return self.read().where("status = 'accepted'").count()
         return int(counts.loc[counts["status"] == "accepted", "count"].sum())
 
+    def removed_from_curated(self) -> tuple[DataFrame | None, dict]:
+        """Records removals took out of the curated table: their manifest rows (None
+        without a manifest) and how many by reason -- from the kept per-file counts, or
+        counted by Spark for a table delta-rs does not read."""
+        manifest = self.read()
+        if manifest is None:
+            return None, {}
+        gone = manifest.where((F.col("status") == REMOVED) & (F.col("stage") == "curated"))
+        counts = delta_counts(self.path, MANIFEST_COLUMNS, self.counts_cache)
+        if counts is None:
+            return gone, {r["reason"]: r["count"]
+                          for r in gone.groupBy("reason").count().collect()}
+        mine = counts[(counts["status"] == REMOVED) & (counts["stage"] == "curated")]
+        return gone, {(None if pd.isna(r) else r): int(n) for r, n in mine.groupby(
+            "reason", dropna=False)["count"].sum().items()}
+
     def container_groups(self, manifest: DataFrame, source: str) -> list:
         """A source's records still listed, as ``(source_uri, fingerprint, count)``: what
         tells an unchanged container (tar shard) from one to open again."""
@@ -136,6 +153,14 @@ class Takedowns(_DeltaTable):
             return None
         pending = takedowns.where(F.col("applied_at").isNull())
         return None if pending.isEmpty() else pending
+
+    def taken_down_ids(self) -> DataFrame | None:
+        """``sample_id`` of every record a takedown names (materialised), None without
+        takedowns: what no export may hold."""
+        takedowns = self.read()
+        if takedowns is None:
+            return None
+        return taken_down_ids(takedowns).localCheckpoint(eager=True)
 
     def identifiers(self) -> DataFrame | None:
         """Everything the table refuses (:func:`etl.transforms.bronze.takedown_identifiers`),

@@ -29,12 +29,12 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl import tables
 from etl.config import Config, LakehouseConfig
+from etl.lakehouse.catalog import Catalog
 from etl.schema import REMOVED
 from etl.transforms.accounting import removal_counts
 from etl.transforms.bronze import taken_down_records
-from etl.writers.delta import delete_rejects, mark_removed, mark_takedowns_applied
+from etl.writers.delta import mark_takedowns_applied
 from etl.writers.lance import delete_rows, deleted_per_fragment
 
 __all__ = [
@@ -289,7 +289,7 @@ def remove_records(spark: SparkSession, cfg: Config, removed: DataFrame, *, run_
     find them by again). Then, unless `retention_hours` is None, purge their bytes
     (:func:`purge_removed`). Dedup re-elects canonical members on its next run (or the
     caller runs it). The caller writes the accounting rows (``counts``)."""
-    paths = tables.layout(cfg)
+    cat = Catalog.of(spark, cfg)
     removed = removed.select("sample_id", "source", "status", "reason").localCheckpoint(
         eager=True)
     if removed.isEmpty():
@@ -299,24 +299,23 @@ def remove_records(spark: SparkSession, cfg: Config, removed: DataFrame, *, run_
     counts = tuple(r.asDict() for r in removal_counts(
         removed.where(F.col("status") != REMOVED)).collect())
     deleted, fragments, version = 0, (), None
-    if tables.lance_exists(paths.curated):
-        in_table = [r.sample_id for r in (
-            spark.read.format("lance").option("columns", "sample_id").load(paths.curated)
-            .join(removed.select("sample_id"), "sample_id", "left_semi").collect())]
+    curated = cat.curated.path
+    if cat.curated.exists():
+        in_table = cat.curated.present(spark, removed)
         if in_table:
-            before = deleted_per_fragment(paths.curated)
-            deleted = delete_rows(paths.curated, in_table)
-            after = deleted_per_fragment(paths.curated)
+            before = deleted_per_fragment(curated)
+            deleted = delete_rows(curated, in_table)
+            after = deleted_per_fragment(curated)
             fragments = tuple(sorted(f for f, n in before.items() if after.get(f) != n))
-        version = current_version(paths.curated)
-    delete_rejects(spark, removed, paths.rejects)  # every copy a key had
-    mark_removed(spark, removed, paths.manifest, run_id=run_id, removed_at=now)
+        version = current_version(curated)
+    cat.rejects.delete(removed)  # every copy a key had
+    cat.manifest.mark_removed(removed, run_id=run_id, now=now)
     purge = None
     if fragments and retention_hours is not None:
-        purge = purge_removed(paths.curated, fragments,
+        purge = purge_removed(curated, fragments,
                               target_rows=cfg.lakehouse.target_rows_per_fragment,
                               retention_hours=retention_hours, now=now)
-        version = current_version(paths.curated)
+        version = current_version(curated)
     log.info("removed %d record(s) (%d curated rows, fragments %s)",
              sum(c["count"] for c in counts), deleted, list(fragments))
     return RemovalResult(counts, deleted, fragments, version, purge)
