@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import Row, SparkSession
 
-from etl import tables
+from etl import storage
 from etl.config import Config
 from etl.schema import RUNS_SCHEMA
 from etl.schema import arrow_schema as schema_as_arrow
@@ -138,12 +138,12 @@ def append(path: str, rows: list[dict], spark: SparkSession | None = None) -> No
     now = utcnow()
     data = pa.Table.from_pylist([_event(r, now) for r in rows], schema=arrow_schema())
     try:
-        table = tables.delta_rs_table(path, write=True)
-        write_deltalake(table or tables.object_url(path), data, mode="append",
-                        storage_options=None if table else tables.delta_rs_storage(
+        table = storage.delta_rs_table(path, write=True)
+        write_deltalake(table or storage.object_url(path), data, mode="append",
+                        storage_options=None if table else storage.delta_rs_storage(
                             path, write=True))
     except DeltaError as exc:
-        if spark is None or not tables.delta_rs_unsupported(exc):
+        if spark is None or not storage.delta_rs_unsupported(exc):
             raise
         log.info("ledger %s: a table feature delta-rs does not write (%s): appending "
                  "with Spark", path, exc)
@@ -182,7 +182,7 @@ def latest_runs(events):
 def read_runs(spark, path: str, *, latest: bool = True):
     """The run ledger at `path`: the latest status of every run and stage (or, with
     ``latest=False``, every event), or None when no run was recorded yet."""
-    events = tables.read_delta(spark, path)
+    events = storage.read_delta(spark, path)
     if events is None or not latest:
         return events
     return latest_runs(events)
@@ -232,7 +232,7 @@ def recent_runs_local(path: str, limit: int = 10) -> list[dict] | None:
     from deltalake.exceptions import DeltaError
 
     try:
-        table = tables.delta_rs_table(path)
+        table = storage.delta_rs_table(path)
         if table is None:
             return []
         if "deletionVectors" in (table.protocol().reader_features or []):
@@ -240,9 +240,9 @@ def recent_runs_local(path: str, limit: int = 10) -> list[dict] | None:
         from etl.writers.remote import subtree
 
         events = table.to_pyarrow_table(
-            filesystem=subtree(tables.object_url(path))).to_pylist()
+            filesystem=subtree(storage.object_url(path))).to_pylist()
     except DeltaError as exc:
-        if tables.delta_rs_unsupported(exc):
+        if storage.delta_rs_unsupported(exc):
             return None
         raise
 

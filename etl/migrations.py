@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 
-from etl import tables
+from etl import storage, tables
 from etl.config import Config
 from etl.lakehouse.dedup_table import DedupTable
 from etl.writers.remote import read_file, write_file
@@ -67,7 +67,7 @@ def _rename_curated_columns(cfg: Config) -> str | None:
     import lance
 
     path = tables.layout(cfg).curated
-    if not tables.lance_exists(path):
+    if not storage.lance_exists(path):
         return None
     ds = lance.dataset(path)
     names = set(ds.schema.names)
@@ -81,7 +81,7 @@ def _rename_curated_columns(cfg: Config) -> str | None:
 
 def _rename_dedup_column(spark, cfg: Config) -> str | None:
     path = tables.layout(cfg).dedup
-    table = tables.read_delta(spark, path)
+    table = storage.read_delta(spark, path)
     if table is None or "phash" not in table.columns or "dhash" in table.columns:
         return None
     props = DedupTable(spark, cfg).state() or {}
@@ -115,7 +115,7 @@ def _move_manifest(spark, cfg: Config) -> str | None:
 
 def _ledger_events(spark, cfg: Config) -> str | None:
     path = tables.layout(cfg).runs
-    table = tables.read_delta(spark, path)
+    table = storage.read_delta(spark, path)
     if table is None or "recorded_at" in table.columns:
         return None
     spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (recorded_at TIMESTAMP)")

@@ -27,7 +27,7 @@ from pyspark.sql import SparkSession
 from etl.config import Config
 from etl.config.runtime import S3_SCHEMES, S3A_RETRY_CONF
 from etl.errors import JarsMissingError, UnsupportedSparkError
-from etl.tables import use_storage
+from etl.storage import use_storage
 from etl.writers.remote import s3_settings
 
 __all__ = [

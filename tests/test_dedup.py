@@ -21,7 +21,7 @@ from conftest import make_config
 from deltalake import DeltaTable
 from PIL import Image
 
-from etl import tables
+from etl import storage, tables
 from etl.config import ConfigError, DedupConfig
 from etl.lakehouse.dedup_table import DedupTable, source_counts
 from etl.transforms.dedup import (
@@ -421,7 +421,7 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     dedup_rows = spark.read.format("delta").load(tables.layout(cfg).dedup).collect()
     assert memo["payload"]["excluded_duplicates"] == sum(not r.is_canonical for r in dedup_rows)
     assert memo["payload"]["expected"] == 2
-    assert memo["key"]["dedup_version"] == tables.delta_version(
+    assert memo["key"]["dedup_version"] == storage.delta_version(
         spark, tables.layout(cfg).dedup)
     jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(
         f"lakeshard-{again.run_id}-export")

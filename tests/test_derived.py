@@ -110,9 +110,8 @@ def test_an_export_memo_is_keyed_by_the_versions_it_counted_at(tmp_path):
 
 def test_an_export_key_is_kept_only_for_the_export_in_place(tmp_path):
     from etl import tables
-    from etl.jobs import export
-
     from etl.config import parse_config
+    from etl.jobs import export
 
     cfg = parse_config({"storage": {"root": str(tmp_path)}, "exports": {"train": {}},
                         "sources": [{"name": "s", "kind": "image_folder",

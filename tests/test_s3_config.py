@@ -19,7 +19,7 @@ SECRET = "do-not-copy-this-secret"
 
 @pytest.fixture
 def environ():
-    """os.environ restored afterwards (etl.tables.use_storage writes into it)."""
+    """os.environ restored afterwards (etl.storage.use_storage writes into it)."""
     saved = dict(os.environ)
     for key in list(os.environ):
         if key.startswith("AWS_") or key in ("S3_ENDPOINT_URL", "XDG_CACHE_HOME"):
@@ -173,10 +173,10 @@ def test_the_smoke_model_builds_in_the_local_cache_before_spark(environ, tmp_pat
 def test_an_unreachable_store_is_not_an_absent_table(environ):
     """lance_exists must raise when the store does not answer: "absent" would make a
     writer start the table afresh."""
-    from etl import tables
+    from etl import storage, tables
 
     environ.update({"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "x",
                     "AWS_SECRET_ACCESS_KEY": "y", "AWS_REGION": "us-east-1"})
     cfg = _cfg("s3://bucket/lake")
     with pytest.raises(OSError, match="could not read the Lance table at s3://bucket/lake"):
-        tables.lance_exists(tables.layout(cfg).curated)
+        storage.lance_exists(tables.layout(cfg).curated)

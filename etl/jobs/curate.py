@@ -30,7 +30,7 @@ from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl import tables
+from etl import storage, tables
 from etl.config import Config, SourceConfig
 from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.derived import DerivedState
@@ -344,7 +344,7 @@ class _Prepared:
 def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
                        diff: _Diff) -> _Prepared:
     """Refuse what a takedown names, fetch referenced images, prepare them."""
-    if diff.manifest is not None and tables.lance_exists(paths.curated) and all(
+    if diff.manifest is not None and storage.lance_exists(paths.curated) and all(
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing(spark)  # a night with nothing new
     refused = diff.refused
@@ -401,7 +401,7 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
             spark, cfg,
             prep.rows.where(F.col("occurrence") == 1).select("sample_id"), prep.processed,
         )
-    if prep.accepted or not tables.lance_exists(paths.curated):
+    if prep.accepted or not storage.lance_exists(paths.curated):
         accepted.write.format("lance").mode("append").save(paths.curated)
         # Scalar indexes on the columns analysts filter by (extended to new fragments).
         ensure_scalar_indexes(paths.curated, cfg.lakehouse.scalar_indexes)
@@ -606,7 +606,7 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
                      internal_errors=outputs.get("internal_error", 0), examples=cur.examples,
                      failed_label="rejected")
     versions = {"lance:curated": cur.curated_version, **(cur.source_versions or {})}
-    rejects_version = tables.delta_version(spark, cur.rejects_path)
+    rejects_version = storage.delta_version(spark, cur.rejects_path)
     if rejects_version is not None:
         versions["delta:rejects"] = rejects_version
     note = None

@@ -18,7 +18,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
-from etl import tables
+from etl import storage, tables
 from etl.config import Config
 from etl.errors import ConfigError
 from etl.lakehouse.catalog import Catalog
@@ -146,7 +146,7 @@ def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated:
     if duplicates is None:
         return None, matching, lineage, None
     inputs = {"table_version": version, "where": exp.where,
-              "dedup_version": tables.delta_version(spark, tables.layout(cfg).dedup)}
+              "dedup_version": storage.delta_version(spark, tables.layout(cfg).dedup)}
     known = memo.dedup(inputs)  # the same versions: the same figures, no table read
     if known is None:
         expected = curated.select("sample_id").join(duplicates, "sample_id",

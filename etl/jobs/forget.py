@@ -38,7 +38,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl import tables
+from etl import storage, tables
 from etl.config import Config
 from etl.errors import ConfigError
 from etl.lakehouse.dedup_table import DedupTable
@@ -266,7 +266,7 @@ def _rows(spark: SparkSession, request: TakedownRequest, request_id: str, run_id
 
 
 def _curated_hashes(spark: SparkSession, path: str) -> DataFrame | None:
-    if not tables.lance_exists(path):
+    if not storage.lance_exists(path):
         return None
     return (spark.read.format("lance").option("columns", "sample_id,source,image_sha256")
             .load(path))
@@ -304,7 +304,7 @@ def forget(spark: SparkSession, cfg: Config, run_id: str, request: TakedownReque
     request_id = request.request_id or run_id
 
     sc.setJobDescription("lakeshard forget: match the request")
-    manifest = tables.read_delta(spark, paths.manifest)
+    manifest = storage.read_delta(spark, paths.manifest)
     if manifest is not None:
         manifest = manifest.localCheckpoint(eager=True)
     curated = _curated_hashes(spark, paths.curated)
@@ -336,7 +336,7 @@ def forget(spark: SparkSession, cfg: Config, run_id: str, request: TakedownReque
 
     purge = removal.purge if removal is not None else None
     oldest = None
-    if tables.lance_exists(paths.curated):
+    if storage.lance_exists(paths.curated):
         run_due_purges(paths.curated, now)  # earlier removals whose retention has passed
         oldest = min(v.version for v in table_versions(paths.curated))
     dedup_changed = 0
@@ -447,7 +447,7 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     versions: dict[str, int] = {}
     if res.curated_version is not None:
         versions["lance:curated"] = res.curated_version
-    td = tables.delta_version(spark, tables.layout(cfg).takedowns)
+    td = storage.delta_version(spark, tables.layout(cfg).takedowns)
     if td is not None:
         versions["delta:takedowns"] = td
     note = "dry run" if res.dry_run else None

@@ -67,7 +67,7 @@ def partition_checksums(path: str, splits: list[str]) -> dict[int, str]:
 def taken_down_ids(cfg) -> frozenset[str] | None:
     """The sample ids the root's takedowns table names (given, by key, or matched), or
     None when the root has no takedowns table. Starts Spark only when there is one."""
-    from etl import tables
+    from etl import storage, tables
 
     path = tables.layout(cfg).takedowns
     if "://" not in path and not os.path.isdir(os.path.join(path, "_delta_log")):
@@ -77,7 +77,7 @@ def taken_down_ids(cfg) -> frozenset[str] | None:
     from etl.transforms.bronze import taken_down_ids
 
     spark = get_spark(cfg)
-    table = tables.read_delta(spark, path)
+    table = storage.read_delta(spark, path)
     if table is None:
         return None
     return frozenset(r["sample_id"] for r in taken_down_ids(table).collect())

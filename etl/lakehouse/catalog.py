@@ -29,7 +29,7 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl import tables
+from etl import storage, tables
 from etl.config import Config
 from etl.lakehouse.counts import MANIFEST_COLUMNS, delta_counts
 from etl.lakehouse.indexes import ensure_scalar_indexes
@@ -60,14 +60,14 @@ class _DeltaTable:
 
     def read(self) -> DataFrame | None:
         """The table as a DataFrame, None if there is none yet."""
-        return tables.read_delta(self.spark, self.path)
+        return storage.read_delta(self.spark, self.path)
 
     def exists(self) -> bool:
-        return tables.delta_exists(self.path)
+        return storage.delta_exists(self.path)
 
     def version(self) -> int | None:
         """Its latest version, from its log (delta-rs; Spark for a table it cannot read)."""
-        return tables.delta_version(self.spark, self.path)
+        return storage.delta_version(self.spark, self.path)
 
 
 @dataclass(frozen=True)
@@ -186,7 +186,7 @@ class Curated:
     path: str
 
     def exists(self) -> bool:
-        return tables.lance_exists(self.path)
+        return storage.lance_exists(self.path)
 
     def open(self, version: int | None = None):
         return tables.open_curated(self.cfg, version)

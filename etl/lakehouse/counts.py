@@ -103,18 +103,18 @@ def delta_counts(path: str, columns: Sequence[str], cache: str) -> pd.DataFrame 
     import pyarrow.dataset as pds
     from deltalake.exceptions import DeltaError
 
-    from etl import tables
+    from etl import storage
 
     try:
-        table = tables.delta_rs_table(path)
+        table = storage.delta_rs_table(path)
         if table is None:
             return None
         protocol = table.protocol()
         if "deletionVectors" in (protocol.reader_features or []):
             return None
-        dataset = table.to_pyarrow_dataset(filesystem=subtree(tables.object_url(path)))
+        dataset = table.to_pyarrow_dataset(filesystem=subtree(storage.object_url(path)))
     except DeltaError as exc:
-        if tables.delta_rs_unsupported(exc):
+        if storage.delta_rs_unsupported(exc):
             return None
         raise
     known = _load(cache, columns)

@@ -32,7 +32,7 @@ from typing import Literal
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl import tables
+from etl import storage, tables
 from etl.config import Config, DedupConfig
 from etl.lakehouse import dedup_increment
 from etl.schema import DEDUP_SCHEMA
@@ -157,12 +157,12 @@ class DedupTable:
 
     def version(self) -> int | None:
         """The table's latest Delta version; None when dedup never ran."""
-        return tables.delta_version(self.spark, self.path)
+        return storage.delta_version(self.spark, self.path)
 
     def state(self) -> dict[str, str] | None:
         """The table's lakeshard properties, or None when dedup never ran (read from the
         table's log: no Spark job)."""
-        props = tables.delta_properties(self.spark, self.path)
+        props = storage.delta_properties(self.spark, self.path)
         if props is None:
             return None
         return {k: v for k, v in props.items() if k.startswith("lakeshard.")}

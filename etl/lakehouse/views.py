@@ -23,7 +23,7 @@ import pyarrow.fs as pafs
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from etl import ledger, tables
+from etl import ledger, storage, tables
 from etl.config import Config
 from etl.writers.remote import filesystem
 
@@ -92,7 +92,7 @@ def register_ledger_views(spark: SparkSession, cfg: Config) -> list[str]:
 def register_dedup_views(spark: SparkSession, cfg: Config) -> list[str]:
     """`dedup`, `dup_clusters` and `curated` with the dedup columns joined in; no-op
     without a dedup table."""
-    table = tables.read_delta(spark, tables.layout(cfg).dedup)
+    table = storage.read_delta(spark, tables.layout(cfg).dedup)
     if table is None:
         return []
     table.createOrReplaceTempView("dedup")
@@ -112,7 +112,7 @@ def register_dedup_views(spark: SparkSession, cfg: Config) -> list[str]:
     clusters.createOrReplaceTempView("dup_clusters")
     names = ["dedup", "dup_clusters"]
     curated_path = tables.layout(cfg).curated
-    if not tables.lance_exists(curated_path):
+    if not storage.lance_exists(curated_path):
         return names
     curated = spark.read.format("lance").load(curated_path)
     dup_cols = table.select("sample_id", "dup_cluster_id", "is_canonical", "dup_kind",

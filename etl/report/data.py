@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from etl import tables
+from etl import storage, tables
 from etl.config import Config
 from etl.lakehouse.counts import delta_counts, lance_counts
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
@@ -85,14 +85,14 @@ def _delta_rs_dataset(path: str):
     from etl.writers.remote import subtree
 
     try:
-        table = tables.delta_rs_table(path)
+        table = storage.delta_rs_table(path)
         if table is None:
             return None
         if "deletionVectors" in (table.protocol().reader_features or []):
             return False
-        return table.to_pyarrow_dataset(filesystem=subtree(tables.object_url(path)))
+        return table.to_pyarrow_dataset(filesystem=subtree(storage.object_url(path)))
     except DeltaError as exc:
-        if tables.delta_rs_unsupported(exc):
+        if storage.delta_rs_unsupported(exc):
             return False
         raise
 

@@ -219,7 +219,7 @@ class _S3Backend:
 
 
 def _s3_client():
-    """boto3 on the process's S3 settings (etl.tables.use_storage put them in the
+    """boto3 on the process's S3 settings (etl.storage.use_storage put them in the
     environment), standard retries."""
     import boto3
     from botocore.config import Config

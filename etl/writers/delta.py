@@ -152,19 +152,19 @@ def _append_new_runs(data, path: str) -> bool:
     False when that cannot be done (then the caller MERGEs)."""
     from deltalake.exceptions import DeltaError
 
-    from etl import tables
+    from etl import storage
 
     try:
-        table = tables.delta_rs_table(path, write=True)
+        table = storage.delta_rs_table(path, write=True)
         if table is None or not set(data.column_names) <= set(table.schema().to_arrow().names):
             return False  # no table yet, or one missing a column: _ensure first
         runs = sorted(set(data.column("run_id").to_pylist()))
         if runs and table.to_pyarrow_table(
                 columns=["run_id"], filters=[("run_id", "in", runs)],
-                filesystem=subtree(tables.object_url(path))).num_rows:
+                filesystem=subtree(storage.object_url(path))).num_rows:
             return False  # the same run again: the MERGE keeps it idempotent
     except DeltaError as exc:
-        if tables.delta_rs_unsupported(exc):
+        if storage.delta_rs_unsupported(exc):
             return False
         raise
     return append_rows(data, path, ACCOUNTING_SCHEMA)
@@ -178,20 +178,20 @@ def append_rows(data, path: str, schema: StructType) -> bool:
     from deltalake import write_deltalake
     from deltalake.exceptions import DeltaError
 
-    from etl import tables
+    from etl import storage
 
     try:
         arrow = arrow_schema(schema)
     except TypeError:  # a type lakeshard's tables do not use
         return False
     try:
-        table = tables.delta_rs_table(path, write=True)
+        table = storage.delta_rs_table(path, write=True)
         if table is None:
             return False
         write_deltalake(table, data.select(schema.fieldNames()).cast(arrow), mode="append")
         return True
     except DeltaError as exc:
-        if tables.delta_rs_unsupported(exc):
+        if storage.delta_rs_unsupported(exc):
             return False
         raise
 
@@ -268,15 +268,15 @@ def set_properties(spark: SparkSession, path: str, props: Mapping[str, str]) -> 
     or Spark's ``ALTER TABLE`` for a table delta-rs cannot write."""
     from deltalake.exceptions import DeltaError
 
-    from etl import tables
+    from etl import storage
 
     try:
-        table = tables.delta_rs_table(path, write=True)
+        table = storage.delta_rs_table(path, write=True)
         if table is not None:
             table.alter.set_table_properties(dict(props), raise_if_not_exists=False)
             return
     except DeltaError as exc:
-        if not tables.delta_rs_unsupported(exc):
+        if not storage.delta_rs_unsupported(exc):
             raise
     settings = ", ".join(f"'{k}' = '{v}'" for k, v in props.items())
     spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({settings})")

@@ -211,7 +211,7 @@ def _rebuild_empty_lists(batch: pa.RecordBatch) -> pa.RecordBatch:
 def _exists(path: str) -> bool:
     # Not "any error means absent": on object storage an unreachable store would turn
     # this Append into an Overwrite. lance_exists raises, naming the table.
-    from etl.tables import lance_exists
+    from etl.storage import lance_exists
 
     return lance_exists(path)
 

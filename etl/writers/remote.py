@@ -4,7 +4,7 @@ interoperability endpoint).
 
 Every client is configured one way: the standard AWS environment (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID`` / ``AWS_SECRET_ACCESS_KEY`` / ``AWS_SESSION_TOKEN``,
-``AWS_REGION``), overridden by ``storage.s3`` -- :func:`etl.tables.use_storage` writes
+``AWS_REGION``), overridden by ``storage.s3`` -- :func:`etl.storage.use_storage` writes
 the resolved, non-secret settings back into the environment, so boto3 (:class:`S3Store`,
 the MDS writer's uploader), pylance and pyarrow (:func:`filesystem`) all read the same
 endpoint, region, addressing style and retry settings. Credentials come from the usual
@@ -48,7 +48,7 @@ def is_remote(path: str) -> bool:
 
 
 def s3_settings() -> S3Settings:
-    """The S3 settings of this process: the environment, as :func:`etl.tables.use_storage`
+    """The S3 settings of this process: the environment, as :func:`etl.storage.use_storage`
     left it (``storage.s3`` already applied)."""
     return S3Config().resolve(os.environ)
 
