@@ -24,6 +24,7 @@ figures above, on a second copy of the same photos.
     .venv/bin/python bench/nightly.py               # 2,000 photos
     .venv/bin/python bench/nightly.py --n 200       # a quick look
     .venv/bin/python bench/nightly.py --cold        # cold (one process a night), then warm
+    .venv/bin/python bench/nightly.py --cold --cold-only --n 16000   # the cold nights only
 """
 
 from __future__ import annotations
@@ -244,6 +245,8 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true",
                     help="first the three nights as a scheduler runs them: one `lakeshard "
                          "run` process each, the report on; then the warm figures")
+    ap.add_argument("--cold-only", action="store_true",
+                    help="with --cold: only the cold nights (no warm figures after them)")
     ap.add_argument("--jobs", action="store_true",
                     help="also print the Spark jobs of the increment run (from Spark's "
                          "event log) with their seconds")
@@ -276,6 +279,8 @@ def main() -> None:
     added = max(1, round(args.n * args.increment))
     if args.cold:
         _cold(raw, work / "cold", args.n, added, args.seed, 2 * cfg.dedup.threshold)
+        if args.cold_only:
+            return
         print("WARM: one process, one Spark session, as below")
 
     t0 = time.monotonic()
