@@ -242,3 +242,21 @@ def test_a_batch_prepared_on_threads_equals_one_image_at_a_time():
     assert threaded["status"].tolist() == [e.status for e in expected]
     assert threaded["image_sha256"].tolist() == [e.image_sha256 for e in expected]
     assert threaded["reason"].tolist()[5:7] == ["empty", "undecodable"]
+
+
+def test_a_batch_with_rejects_keeps_every_dhash_exact():
+    """A batch holding rejected rows (no dHash) keeps the others' 64-bit dHashes to the
+    bit: a float column would round them (to multiples of 512 near 2**61), and the same
+    picture in two batches would then miss its exact duplicate."""
+    from skimage import data
+
+    from udfs.images import _prepare_batch
+
+    photos = [_save(Image.fromarray(getattr(data, n)()), "JPEG")
+              for n in ("rocket", "astronaut", "coffee", "chelsea")]
+    batch = pd.Series([photos[0], b"", *photos[1:], None], dtype=object)
+    got = _prepare_batch(batch, PrepareConfig(min_side=8, threads=1))["dhash"].tolist()
+    want = [prepare_image(b, PrepareConfig(min_side=8)).dhash for b in batch]
+    assert [None if pd.isna(g) else int(g) for g in got] == want
+    assert all(w is None or -(2**63) <= w < 2**63 for w in want)
+    assert any(w is not None and abs(w) > 2**53 for w in want)  # beyond float precision
