@@ -94,6 +94,63 @@ def test_manifest_merge_driver_append_and_spark_merge_leave_the_same_table(
     assert tables["driver"] == tables["spark"] == want
 
 
+def _reject_row(i: int, reason: str = "undecodable", detail: str | None = None,
+                run_id: str = "r1") -> dict:
+    return {"sample_id": f"s{i:03d}", "source": "src", "source_key": f"k{i}",
+            "source_uri": f"file:/d/{i}.jpg", "stage": "prepare", "reason": reason,
+            "detail": detail, "run_id": run_id}
+
+
+@pytest.mark.parametrize("held", ["no-table", "others", "same-record"])
+def test_rejects_merge_driver_append_and_spark_merge_leave_the_same_table(
+        spark, tmp_path, driver_bound, held):
+    """A first run's rejects, or a night's rejects of records the table holds none of,
+    are one delta-rs append; a record the table already holds (a run that died after its
+    rejects and before its manifest) takes the MERGE, which adds no second row."""
+    from deltalake import DeltaTable
+
+    from etl.schema import REJECTS_SCHEMA
+
+    old = {"no-table": [], "others": [_reject_row(i) for i in range(3)],
+           "same-record": [_reject_row(i) for i in range(3, 6)]}[held]
+    new = [_reject_row(i, run_id="r2") for i in range(3, 6)] + [
+        _reject_row(7, "duplicate_key", "copy 2 of key k7", "r2")]
+    tables, ops = {}, {}
+    for name, bound in (("driver", 10_000), ("spark", 0)):
+        cat = _catalog(spark, tmp_path / name)
+        if old:
+            spark.createDataFrame(old, REJECTS_SCHEMA).write.format("delta").save(
+                cat.rejects.path)
+        driver_bound(bound)
+        cat.rejects.merge(spark.createDataFrame(new, REJECTS_SCHEMA), count=len(new))
+        ops[name] = DeltaTable(cat.rejects.path).history(1)[0]["operation"]
+        tables[name] = sorted(tuple(r) for r in spark.read.format("delta").load(
+            cat.rejects.path).select(*REJECTS_SCHEMA.fieldNames()).collect())
+    assert ops == {"driver": "MERGE" if held == "same-record" else "WRITE", "spark": "MERGE"}
+    # Keyed by (sample_id, stage, reason, detail): a row already there is kept with the
+    # run that first wrote it.
+    keyed = {(r["sample_id"], r["stage"], r["reason"], r["detail"]): r for r in new}
+    keyed |= {(r["sample_id"], r["stage"], r["reason"], r["detail"]): r for r in old}
+    want = sorted(tuple(r[f] for f in REJECTS_SCHEMA.fieldNames()) for r in keyed.values())
+    assert tables["driver"] == tables["spark"] == want
+
+
+def test_a_first_write_creates_the_table_without_spark_with_its_schema(spark, tmp_path):
+    """The table a first run's write creates (by delta-rs) is the one Spark would have:
+    the schema's columns, types and nullability, read back by Spark."""
+    from deltalake import DeltaTable
+
+    from etl.schema import REJECTS_SCHEMA
+
+    cat = _catalog(spark, tmp_path)
+    cat.rejects.merge(spark.createDataFrame([], REJECTS_SCHEMA), count=0)
+    assert [h["operation"] for h in DeltaTable(cat.rejects.path).history()] == [
+        "CREATE TABLE"]  # created, and no empty commit after it
+    got = spark.read.format("delta").load(cat.rejects.path).schema
+    assert [(f.name, f.dataType, f.nullable) for f in got.fields] == [
+        (f.name, f.dataType, f.nullable) for f in REJECTS_SCHEMA.fields]
+
+
 def test_manifest_accepted_from_kept_counts_equals_a_spark_count(spark, tmp_path,
                                                                  monkeypatch):
     cat = _catalog(spark, tmp_path)

@@ -416,7 +416,7 @@ def _record_bronze(cat: Catalog, diff: _Diff, prep: _Prepared, run_id: str,
     if not prep.processed and diff.manifest is not None:
         return
     cat.rejects.merge(rejected_rows(prep.rows, run_id=run_id),
-                      any_rejected=prep.processed > prep.accepted)
+                      count=prep.processed - prep.accepted)
     cat.manifest.merge(manifest_rows(prep.rows, run_id=run_id, ingested_at=now),
                        count=prep.processed, before=diff.manifest)
 

@@ -114,10 +114,11 @@ class Manifest(_DeltaTable):
                 .groupBy("source_uri", known_fingerprint()).count().collect())
 
     def merge(self, rows: DataFrame, *, count: int, before: DataFrame | None) -> None:
-        """Upsert this run's `count` rows; a small batch none of whose records `before`
-        (the snapshot) holds is appended on the driver instead of MERGEd."""
-        merge_manifest(self.spark, rows, self.path,
-                       before=before if count <= DRIVER_IDS else None)
+        """Upsert this run's `count` rows; a small batch none of whose records the table
+        holds (asked of `before`, the snapshot, else of the table by delta-rs) is
+        appended on the driver instead of MERGEd."""
+        merge_manifest(self.spark, rows, self.path, before=before,
+                       driver_bound=DRIVER_IDS if count <= DRIVER_IDS else 0)
 
     def mark_removed(self, removed: DataFrame, *, run_id: str, now: datetime) -> None:
         mark_removed(self.spark, removed, self.path, run_id=run_id, removed_at=now)
@@ -126,10 +127,12 @@ class Manifest(_DeltaTable):
 class Rejects(_DeltaTable):
     """Records that did not make it, and why (one row per copy of a key)."""
 
-    def merge(self, rows: DataFrame, *, any_rejected: bool) -> None:
-        """Insert this run's rejects; with none, only create the table on a first run."""
-        if any_rejected or not self.exists():
-            merge_rejects(self.spark, rows, self.path)
+    def merge(self, rows: DataFrame, *, count: int) -> None:
+        """Insert this run's `count` rejects; with none, only create the table on a first
+        run. A small batch of records the table holds none of is appended on the driver."""
+        if count or not self.exists():
+            merge_rejects(self.spark, rows, self.path,
+                          driver_bound=DRIVER_IDS if count <= DRIVER_IDS else 0)
 
     def delete(self, ids: DataFrame) -> None:
         delete_rejects(self.spark, ids, self.path)

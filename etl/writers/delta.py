@@ -50,27 +50,93 @@ _SCRUBBED = ("caption_original", "license", "metadata_json", "upstream_quality",
 
 
 def _ensure(spark: SparkSession, path: str, schema: StructType) -> None:
-    """The table exists, with every column of `schema` (missing ones added as nullable)."""
+    """The table exists, with every column of `schema` (missing ones added as nullable):
+    looked up and, on a first write, created by delta-rs in this process (no Spark job);
+    by Spark for a table delta-rs cannot read or a schema it cannot write."""
     from delta.tables import DeltaTable
 
-    DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute()
-    have = set(DeltaTable.forPath(spark, path).toDF().columns)
+    have = _rs_columns(path, schema)
+    if have is None:
+        DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute()
+        have = set(DeltaTable.forPath(spark, path).toDF().columns)
     missing = [f for f in schema.fields if f.name not in have]
     if missing:
         cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({cols})")
 
 
-def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str) -> None:
+def _rs_columns(path: str, schema: StructType) -> set[str] | None:
+    """The columns of the Delta table at `path`, read from its log by delta-rs; a table
+    not there yet is created empty with `schema` first. None when delta-rs cannot (a
+    table feature it lacks, a type :func:`etl.schema.arrow_schema` does not map)."""
+    from deltalake import DeltaTable as RsTable
+    from deltalake.exceptions import DeltaError
+
+    from etl import storage
+
+    try:
+        table = storage.delta_rs_table(path)
+        if table is not None:
+            return set(table.schema().to_arrow().names)
+        RsTable.create(storage.object_url(path), arrow_schema(schema), mode="ignore",
+                       storage_options=storage.delta_rs_storage(path, write=True))
+        return set(schema.fieldNames())
+    except TypeError:
+        return None
+    except DeltaError as exc:
+        if storage.delta_rs_unsupported(exc):
+            return None
+        raise
+
+
+def holds_none(path: str, ids: list[str], *, bound: int) -> bool:
+    """Whether the Delta table at `path` holds none of the ``sample_id`` s `ids`, told by
+    delta-rs in this process: its log's row count (the files' statistics), then its
+    ``sample_id`` column when that count is within `bound`. False when it cannot tell
+    that cheaply (more rows, no statistics, a table delta-rs does not read): the caller
+    then MERGEs, which is right either way."""
+    from deltalake.exceptions import DeltaError
+
+    from etl import storage
+
+    try:
+        table = storage.delta_rs_table(path)
+        if table is None:
+            return True
+        actions = table.get_add_actions(flatten=True)
+        if "num_records" not in actions.schema.names:
+            return False
+        counts = actions.column("num_records").to_pylist()
+        if any(n is None for n in counts) or sum(counts) > bound:
+            return False
+        if not sum(counts):
+            return True
+        held = table.to_pyarrow_table(columns=["sample_id"],
+                                      filesystem=subtree(storage.object_url(path)))
+    except DeltaError as exc:
+        if storage.delta_rs_unsupported(exc):
+            return False
+        raise
+    return held.num_rows == 0 or not set(held.column("sample_id").to_pylist()) & set(ids)
+
+
+def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
+                  driver_bound: int = 0) -> None:
     """Insert rejects not yet recorded; a rerun of the same input adds nothing.
 
     Keyed by (sample_id, stage, reason, detail): a record rejected again for the same
     reason keeps its first row, with the run that first rejected it; each extra copy
     of a duplicated key has its own row (its detail says which copy).
-    """
+
+    `driver_bound` > 0: rows of records the table does not hold at all (every record of
+    a first run; see :func:`holds_none`, within that bound) are one append by delta-rs,
+    the table the MERGE would leave, without its Spark jobs."""
     from delta.tables import DeltaTable
 
     _ensure(spark, path, REJECTS_SCHEMA)
+    if driver_bound and _appended_new(rejects.select(*REJECTS_SCHEMA.fieldNames()), path,
+                                      REJECTS_SCHEMA, driver_bound):
+        return
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
@@ -84,27 +150,41 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str) -> None:
     )
 
 
+def _appended_new(rows: DataFrame, path: str, schema: StructType, bound: int) -> bool:
+    """Append `rows` by delta-rs when the table holds none of their records; False (and
+    nothing written) otherwise. No rows: nothing to commit."""
+    data = rows.toArrow()
+    if not data.num_rows:
+        return True
+    return holds_none(path, data.column("sample_id").to_pylist(), bound=bound) and \
+        append_rows(data, path, schema)
+
+
 def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
-                   before: DataFrame | None = None) -> None:
+                   before: DataFrame | None = None, driver_bound: int = 0) -> None:
     """Upsert manifest rows on sample_id: new records inserted, records that were
     reprocessed (changed fingerprint, transient failure retried, back after a removal)
     updated. Records not in `records` -- everything unchanged -- are not touched.
 
-    `before`: the manifest as this run read it (materialized), for a small batch of
-    records. When it holds none of them -- a night of new records only -- they are one
-    append by delta-rs in this process, the table a MERGE would leave without the
-    MERGE's Spark jobs; otherwise (or for a table delta-rs cannot write) the MERGE."""
+    `driver_bound` > 0: a batch of records the table holds none of -- a night of new
+    records only, a first run -- is one append by delta-rs in this process, the table a
+    MERGE would leave without the MERGE's Spark jobs; otherwise (or for a table delta-rs
+    cannot write) the MERGE. Whether it holds any is asked of `before`, the manifest as
+    this run read it (materialised), or else of the table (:func:`holds_none`, within
+    the bound)."""
     from delta.tables import DeltaTable
 
     _ensure(spark, path, MANIFEST_SCHEMA)
     records = records.select(*MANIFEST_SCHEMA.fieldNames())
-    if before is not None:
+    if driver_bound and before is not None:
         data = records.toArrow()
         ids = spark.createDataFrame([(i,) for i in data.column("sample_id").to_pylist()],
                                     "sample_id string")
         if before.join(F.broadcast(ids), "sample_id", "left_semi").isEmpty() and \
                 append_rows(data, path, MANIFEST_SCHEMA):
             return
+    elif driver_bound and _appended_new(records, path, MANIFEST_SCHEMA, driver_bound):
+        return
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
