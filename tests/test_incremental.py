@@ -111,7 +111,8 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path, monkeypa
         # The first run left what a quiet night needs: the sources are not even listed
         # into Spark, nothing is compared with the manifest.
         with monkeypatch.context() as m:
-            for step in ("fetch_images", "prepare_images", "list_sources", "mark_unchanged"):
+            for step in ("fetch_and_prepare", "prepared_outcomes", "list_sources",
+                         "mark_unchanged"):
                 m.setattr(curate_job, step, not_on_a_no_op)
             quiet = _curate(spark, cfg, "r2")
         for c in quiet.values():
@@ -122,8 +123,8 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path, monkeypa
         # same: every count, and how each source was looked at for removals.
         (tmp_path / "out" / "_lakeshard" / "curate_quiet.json").unlink()
         with monkeypatch.context() as m:
-            m.setattr(curate_job, "fetch_images", not_on_a_no_op)
-            m.setattr(curate_job, "prepare_images", not_on_a_no_op)
+            m.setattr(curate_job, "fetch_and_prepare", not_on_a_no_op)
+            m.setattr(curate_job, "prepared_outcomes", not_on_a_no_op)
             counts = _curate(spark, cfg, "r2b")
         assert counts == quiet
         assert {c.removal_scan for c in counts.values()} == {"listing", "change data feed",

@@ -49,6 +49,8 @@ __all__ = [
     "rules_for",
     "fetch_ref",
     "fetch_many",
+    "start_fetches",
+    "clip_detail",
     "fetch_udf",
 ]
 
@@ -226,20 +228,35 @@ def _submit(pool: ThreadPoolExecutor, jobs: list[tuple], opts: FetchConfig) -> l
             for ref, offset, length, rules in jobs]
 
 
+def _none(v):
+    return None if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v
+
+
+def start_fetches(refs: Sequence, offsets: Sequence, lengths: Sequence,
+                  rules: Sequence[RefRules], opts: FetchConfig) -> list[Future]:
+    """Start fetching each reference (values as an Arrow batch gives them: NaN and NA are
+    null) on this worker's fetch pool, under its own rules; the futures in the same order.
+    :func:`fetch_ref` never raises, so each future's result is a :class:`FetchResult`."""
+    jobs = _jobs([_none(r) for r in refs], [_none(o) for o in offsets],
+                 [_none(n) for n in lengths], rules)
+    return _submit(_pool(opts.threads), jobs, opts)
+
+
+def clip_detail(detail) -> str | None:
+    """A fetch's detail as a row stores it: text, at most 500 characters."""
+    return None if detail is None else str(detail)[:500]
+
+
 def _frame(futures: list[Future]) -> pd.DataFrame:
     results = [f.result() for f in futures]  # fetch_ref never raises
     return pd.DataFrame(
         {
             "bytes": [r.data for r in results],
             "status": [r.status for r in results],
-            "detail": [None if r.detail is None else str(r.detail)[:500] for r in results],
+            "detail": [clip_detail(r.detail) for r in results],
             "attempts": [r.attempts for r in results],
         }
     )
-
-
-def _none(v):
-    return None if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v
 
 
 def fetch_udf(opts: FetchConfig, rules: Mapping[str, RefRules]):
@@ -253,16 +270,13 @@ def fetch_udf(opts: FetchConfig, rules: Mapping[str, RefRules]):
     def _fetch(batches: Iterator[tuple[pd.Series, pd.Series, pd.Series, pd.Series]]
                ) -> Iterator[pd.DataFrame]:
         # One batch ahead: the next batch's downloads start before this one's rows go
-        # back to Spark (and on to the prepare step), so the network wait of one batch
-        # overlaps the decoding of the one before. The pool is first in, first out: the
-        # batch yielded next is the one whose fetches started first.
-        pool = _pool(opts.threads)
+        # back to Spark, so the network wait of one batch overlaps whatever is done with
+        # the one before (curate fetches and prepares in one UDF: udfs/ingest.py). The
+        # pool is first in, first out: the batch yielded next is the one whose fetches
+        # started first.
         pending: list[Future] | None = None
         for sources, refs, offsets, lengths in batches:
-            started = _submit(pool, _jobs([_none(r) for r in refs],
-                                          [_none(o) for o in offsets],
-                                          [_none(n) for n in lengths],
-                                          [rules[s] for s in sources]), opts)
+            started = start_fetches(refs, offsets, lengths, [rules[s] for s in sources], opts)
             if pending is not None:
                 yield _frame(pending)
             pending = started

@@ -15,7 +15,10 @@ and where it was raised in ``detail``. Internal errors are counted apart from re
 and count against the stage's failure budget (``run.budgets``); the next run retries
 those records.
 
-:func:`prepare_udf` wraps it as a vectorised pandas UDF over Arrow batches.
+:func:`prepare_many` runs it over a batch on the ``prepare.threads`` pool and
+:func:`prepared_frame` lays the results out as the columns of :data:`PREPARED_TYPE`;
+:func:`prepare_udf` wraps the two as a vectorised pandas UDF over Arrow batches (curate
+fetches and prepares in one UDF instead: :mod:`udfs.ingest`).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import io
 import os
 import traceback
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -51,6 +55,8 @@ __all__ = [
     "PreparedImage",
     "prepare_image",
     "dhash64",
+    "prepare_many",
+    "prepared_frame",
     "prepare_udf",
 ]
 
@@ -353,19 +359,29 @@ _INT_COLUMNS = frozenset(("width", "height", "original_width", "original_height"
                           "original_size_bytes", "dhash"))
 
 
-def _prepare_batch(images: pd.Series, opts: PrepareConfig) -> pd.DataFrame:
+def prepare_many(images: Sequence, opts: PrepareConfig) -> list[PreparedImage]:
+    """:func:`prepare_image` on each of `images` (bytes, or None), on this worker's
+    ``opts.threads`` pool; an unexpected exception is that row's ``internal_error``."""
     if opts.threads > 1 and len(images) > 1:
-        rows = list(_pool(opts.threads).map(lambda b: _prepare_one(b, opts), images))
-    else:
-        rows = [_prepare_one(b, opts) for b in images]
+        return list(_pool(opts.threads).map(lambda b: _prepare_one(b, opts), images))
+    return [_prepare_one(b, opts) for b in images]
+
+
+def prepared_frame(rows: Sequence[PreparedImage | None]) -> pd.DataFrame:
+    """The columns of :data:`PREPARED_TYPE`, one row per result (all null for None: a
+    row that was not prepared)."""
     # Column by column from the results' fields: no per-row dict (dataclasses.asdict
     # deep-copies every field of every row).
     columns = {}
     for name in PREPARED_TYPE.fieldNames():
-        values = [getattr(r, name) for r in rows]
+        values = [None if r is None else getattr(r, name) for r in rows]
         columns[name] = (pd.array(values, dtype="Int64") if name in _INT_COLUMNS
                          else pd.Series(values))
     return pd.DataFrame(columns, index=pd.RangeIndex(len(rows)))
+
+
+def _prepare_batch(images: pd.Series, opts: PrepareConfig) -> pd.DataFrame:
+    return prepared_frame(prepare_many(list(images), opts))
 
 
 def prepare_udf(opts: PrepareConfig):

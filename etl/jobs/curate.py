@@ -67,13 +67,13 @@ from etl.transforms.bronze import (
     retried,
     unchanged_containers,
 )
-from etl.transforms.fetch import fetch_images
 from etl.transforms.prepare import (
     OUTCOME_SCHEMA,
     accepted_rows,
     failure_examples,
+    fetch_and_prepare,
     outcome_counts,
-    prepare_images,
+    prepared_outcomes,
     rejected_rows,
 )
 
@@ -343,7 +343,8 @@ class _Prepared:
 
 def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
                        diff: _Diff) -> _Prepared:
-    """Refuse what a takedown names, fetch referenced images, prepare them."""
+    """Refuse what a takedown names, fetch referenced images and prepare them (one
+    UDF), refuse what a takedown names by the source bytes' or the JPEG's hash."""
     if diff.manifest is not None and storage.lance_exists(paths.curated) and all(
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing(spark)  # a night with nothing new
@@ -351,17 +352,16 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     todo = mark_duplicate_keys(diff.listed.where(~F.col("unchanged")))
     if refused is not None:
         todo = refuse_taken_down(todo, refused)  # by key and URL: nothing fetched
-    todo = fetch_images(todo, cfg.fetch, cfg.sources).withColumn(
-        "original_sha256",
-        F.when(F.col("image_bytes").isNotNull(), F.sha2(F.col("image_bytes"), 256)),
-    )
+    # One Python UDF fetches, hashes the source bytes and prepares (they never return).
+    todo = fetch_and_prepare(todo, cfg.fetch, cfg.sources, cfg.prepare)
     if refused is not None:
-        todo = refuse_taken_down(todo, refused, by_hash=True)  # same bytes, new name
+        # Same bytes, new name: rejected at ingest; prepared_outcomes drops its prepared.
+        todo = refuse_taken_down(todo, refused, by_hash=True)
     else:
         todo = todo.withColumn("takedown_detail", F.lit(None).cast("string"))
     dup = F.col("occurrence") > 1
     prepared = (
-        prepare_images(todo, cfg.prepare)
+        prepared_outcomes(todo)
         .withColumns({
             "stage": F.when(F.col("fetch_failed"), F.lit("fetch")).otherwise(F.col("stage")),
             "detail": F.when(dup, F.format_string("copy %d of key %s", "occurrence",
@@ -370,7 +370,6 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
             .when(F.col("fetch_failed"), F.col("fetch_detail"))
             .otherwise(F.col("detail")),
         })
-        .drop("image_bytes")
     )
     if refused is not None:
         prepared = refuse_prepared(prepared, refused)  # the same picture, re-encoded

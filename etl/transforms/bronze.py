@@ -251,7 +251,10 @@ def refuse_taken_down(df: DataFrame, identifiers: DataFrame, *, by_hash: bool = 
 
     Before fetching: by ``sample_id`` (the key) and by the image's own URL, so nothing
     taken down is fetched again. With `by_hash`, after fetching: by the sha256 of the
-    source's bytes (``original_sha256``) -- the same file under another name or URL."""
+    source's bytes (``original_sha256``) -- the same file under another name or URL.
+    Curate fetches and prepares in one step, so such a row was prepared too: no longer
+    readable, it ends at stage ingest and its ``prepared`` struct is dropped
+    (:func:`etl.transforms.prepare.prepared_outcomes`), as if it had never been."""
     checks = ({"image_sha256": F.col("original_sha256")} if by_hash else
               {"sample_id": F.col("sample_id"), "url": _addressed_url()})
     marked = _refusal(df, identifiers, checks)

@@ -2,18 +2,70 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from etl.config import PrepareConfig
+from etl.config import FetchConfig, PrepareConfig, SourceConfig
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
+from etl.transforms.fetch import fetch_outcome, needs_fetch
+from udfs.fetch import rules_for
 from udfs.images import PREPARED_TYPE, prepare_udf
+from udfs.ingest import fetch_prepare_udf
 from udfs.outcomes import INTERNAL_ERROR
 
-__all__ = ["prepare_images", "accepted_rows", "rejected_rows", "outcome_counts",
-           "OUTCOME_SCHEMA", "failure_examples"]
+__all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
+           "rejected_rows", "outcome_counts", "OUTCOME_SCHEMA", "failure_examples"]
+
+
+def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[SourceConfig],
+                      opts: PrepareConfig) -> DataFrame:
+    """Fetch the images readable rows reference and prepare every readable row, in one
+    pass of one Python UDF (:mod:`udfs.ingest`): the source bytes never come back.
+
+    A fetch is :func:`etl.transforms.fetch.fetch_images`'s, under each row's `source`
+    rules (one of `sources`); a failed one makes the row ``rejected`` with the fetch
+    status as reason (``fetch_failed``, ``fetch_detail``) and unprepared. Adds
+    ``original_sha256`` (the source bytes' sha256: fetched, or carried by the row, read
+    or not; null without bytes) and ``prepared`` (:data:`PREPARED_TYPE`; null where the
+    row is not readable after the fetch); drops ``image_bytes``. The final outcome is
+    :func:`prepared_outcomes`' (after any refusal by the source bytes' hash)."""
+    rules = {s.name: rules_for(s) for s in sources}
+    read_ok = F.coalesce(F.col("read_status") == "ok", F.lit(False))
+    need = needs_fetch()
+    udf = fetch_prepare_udf(fetch, rules, opts)
+    # A Python UDF sees every row, even under F.when: rows not processed pass nulls.
+    out = df.withColumn("_fp", F.when(read_ok, udf(
+        read_ok, "source", F.when(need, F.col("image_ref")), "image_offset", "image_length",
+        F.when(read_ok, F.col("image_bytes")),
+    )))
+    fp = F.col("_fp")
+    fetched = fetch_outcome(need, fp.fetch_status, fp.fetch_detail)
+    prepared = F.struct(*[fp[name].alias(name) for name in PREPARED_TYPE.fieldNames()])
+    has_bytes = F.col("image_bytes").isNotNull()
+    return out.withColumns({
+        **fetched,
+        "original_sha256": F.when(read_ok, fp.original_sha256)
+        .when(has_bytes, F.sha2(F.col("image_bytes"), 256)),
+        "prepared": F.when(read_ok & ~fetched["fetch_failed"], prepared),
+    }).drop("_fp", "image_bytes")
+
+
+def prepared_outcomes(rows: DataFrame) -> DataFrame:
+    """The final ``status`` / ``stage`` / ``reason`` / ``detail`` of each row with a
+    `prepared` struct: the prepare's where the row was read, else the read's (stage
+    ``ingest``); ``prepared`` is null where the row was not read (refused after it was
+    prepared: none of its fields reach a table)."""
+    read_ok = F.col("read_status") == "ok"
+    p = F.col("prepared")
+    return rows.withColumn("prepared", F.when(read_ok, p)).select(
+        "*",
+        F.when(read_ok, p.status).otherwise(F.col("read_status")).alias("status"),
+        F.when(read_ok, F.lit("prepare")).otherwise(F.lit("ingest")).alias("stage"),
+        F.when(read_ok, p.reason).otherwise(F.col("read_reason")).alias("reason"),
+        F.when(read_ok, p.detail).alias("detail"),
+    )
 
 
 def prepare_images(ingested: DataFrame, opts: PrepareConfig) -> DataFrame:
@@ -24,17 +76,9 @@ def prepare_images(ingested: DataFrame, opts: PrepareConfig) -> DataFrame:
     """
     udf = prepare_udf(opts)
     read_ok = F.col("read_status") == "ok"
-    prepared = ingested.withColumn(
+    return prepared_outcomes(ingested.withColumn(
         "prepared", F.when(read_ok, udf(F.col("image_bytes")))
-    )
-    p = F.col("prepared")
-    return prepared.select(
-        "*",
-        F.when(read_ok, p.status).otherwise(F.col("read_status")).alias("status"),
-        F.when(read_ok, F.lit("prepare")).otherwise(F.lit("ingest")).alias("stage"),
-        F.when(read_ok, p.reason).otherwise(F.col("read_reason")).alias("reason"),
-        F.when(read_ok, p.detail).alias("detail"),
-    )
+    ))
 
 
 def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column,
