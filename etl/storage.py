@@ -76,9 +76,7 @@ def lance_exists(path: str) -> bool:
 
 def read_delta(spark, path: str):
     """The Delta table at `path` as a DataFrame, or None if there is none yet."""
-    from delta.tables import DeltaTable
-
-    if not DeltaTable.isDeltaTable(spark, path):
+    if not delta_exists(path):  # its log looked for here: no JVM call for no table
         return None
     return spark.read.format("delta").load(path)
 

@@ -46,7 +46,13 @@ from etl.lakehouse.maintenance import (
 from etl.ledger import code_version
 from etl.runtime.faults import fault_point
 from etl.runtime.stage import RowTally, RunContext, StageResult
-from etl.schema import UPSTREAM_COLUMNS, sample_id_col
+from etl.schema import (
+    REMOVED,
+    SOURCE_SCHEMA,
+    UPSTREAM_COLUMNS,
+    sample_id_col,
+    sample_id_of,
+)
 from etl.sources import adapter_for, finish_ingest
 from etl.transforms.accounting import (
     SourceCounts,
@@ -57,6 +63,7 @@ from etl.transforms.accounting import (
 )
 from etl.transforms.bronze import (
     CONTAINER_FAILURES,
+    is_retry,
     live,
     manifest_rows,
     mark_duplicate_keys,
@@ -181,9 +188,9 @@ def _finish_takedowns(spark: SparkSession, cfg: Config, run_id: str, now: dateti
     """Takedown requests recorded but not applied (a `lakeshard forget` that died
     midway): their records leave every table now."""
     cat = Catalog.of(spark, cfg)
-    manifest = cat.manifest.read()
-    pending = cat.takedowns.pending() if manifest is not None else None
-    if pending is None:
+    pending = cat.takedowns.pending()  # told from the log when every one is applied
+    manifest = cat.manifest.read() if pending is not None else None
+    if manifest is None:
         return None
     result = remove_taken_down(spark, cfg, manifest, pending, run_id=run_id, now=now)
     mark_applied(spark, cat.takedowns.path, result, now=now)
@@ -258,8 +265,12 @@ class _Diff:
     versions: dict[str, int | None]  # per source with a history: the version read
     skip: dict[str, frozenset[str]]  # per source: unchanged containers, not opened
     skipped: dict[str, int]  # per source: the records those containers hold
-    listed: DataFrame  # every listed record, `unchanged` marked (persisted)
+    listed: DataFrame  # every listed record, `unchanged` marked (persisted); compared
+    # on the driver: only the new and changed ones
     stats: dict[str, dict]  # per source: n, unchanged, failures (unreadable containers)
+    has_manifest: bool = False  # a manifest was there (`manifest` is None when compared
+    # on the driver)
+    removed: _Removals | None = None  # compared on the driver: what left the sources
 
     @property
     def unchanged(self) -> dict[str, int]:
@@ -272,6 +283,9 @@ class _Diff:
 
 
 def _diff_sources(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff:
+    driver = _diff_on_driver(spark, cfg, cat)
+    if driver is not None:
+        return driver
     manifest = cat.manifest.snapshot()  # read before it is merged into
     refused = cat.takedowns.identifiers()
     versions = {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources
@@ -287,7 +301,73 @@ def _diff_sources(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff:
             F.sum(F.col("read_reason").isin(*CONTAINER_FAILURES).cast("int")).alias("failures"),
         ).collect()
     }
-    return _Diff(manifest, refused, versions, skip, skipped, listed, stats)
+    return _Diff(manifest, refused, versions, skip, skipped, listed, stats,
+                 has_manifest=manifest is not None)
+
+
+def _diff_on_driver(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | None:
+    """Step "diff sources" without a Spark job over the manifest, when every source
+    lists its records on the driver (:meth:`~etl.sources.base.SourceAdapter.driver_listing`)
+    and the manifest's key columns are read by delta-rs within the driver bound: the
+    listing's fingerprints are compared with the manifest's here, removals found here,
+    and only new and changed records are read through Spark. None: compare in Spark."""
+    listings = {}
+    for s in cfg.sources:
+        listing = adapter_for(s.kind).driver_listing(s)
+        if listing is None:
+            return None
+        listings[s.name] = listing
+    known = cat.manifest.known() if cat.manifest.exists() else None
+    if known is None:
+        return None  # a first run (nothing to compare), or too many rows for the driver
+    by_id, live_ids = {}, {}
+    for row in known.to_pylist():
+        if row["status"] == REMOVED and row["reason"] == "source_removed":
+            continue  # a record back after leaving its source is new
+        by_id[row["sample_id"]] = (row["fingerprint"], is_retry(row["status"], row["reason"]))
+        if row["status"] != REMOVED:
+            live_ids.setdefault(row["source"], {})[row["sample_id"]] = row["status"]
+    stats, frames, gone, scans = {}, [], [], {}
+    for s in cfg.sources:
+        ids = {key: sample_id_of(s.name, key) for key in listings[s.name]}
+        changed = frozenset(k for k, sid in ids.items() if by_id.get(sid, (None, True))[1]
+                            or by_id[sid][0] != listings[s.name][k])
+        if ids:  # as the Spark path's counts by source: a source listing nothing has none
+            stats[s.name] = {"source": s.name, "n": len(ids),
+                             "unchanged": len(ids) - len(changed), "failures": 0}
+        if changed:
+            frames.append(finish_ingest(adapter_for(s.kind).read_keys(spark, s, changed), s))
+        scans[s.name], left = _driver_removals(s, live_ids.get(s.name, {}), ids)
+        gone += [(sid, s.name, status) for sid, status in left]
+    # Keys of a driver listing are unique (one copy each), and it has no containers to
+    # fail: no window over the keys, no Spark job to count failures. Read once, by the
+    # fetch and prepare step.
+    listed = (reduce(DataFrame.unionByName, frames) if frames else
+              spark.createDataFrame([], SOURCE_SCHEMA)).withColumns(
+        {"occurrence": F.lit(1), "unchanged": F.lit(False)})
+    records = None
+    if gone:
+        records = spark.createDataFrame(gone, "sample_id string, source string, status string"
+                                        ).withColumn("reason", F.lit("source_removed"))
+    versions = {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources
+                if s.on_removed == "delete"}
+    return _Diff(None, cat.takedowns.identifiers(), versions, {}, {}, listed, stats,
+                 has_manifest=True, removed=_Removals(records, scans, {}))
+
+
+def _driver_removals(source: SourceConfig, live: dict[str, str], ids: dict[str, str]
+                     ) -> tuple[str, list[tuple[str, str]]]:
+    """How a driver-listed source's removals were looked for, and the records of it the
+    manifest holds (accepted or rejected) that the listing no longer has."""
+    if source.on_removed == "keep":
+        return "kept", []
+    if not ids and live:
+        # An empty listing is far likelier an unmounted volume than a wipe.
+        log.warning("curate: source %s lists nothing: removals deferred", source.name)
+        return "deferred: the source lists no record at all", []
+    listed = set(ids.values())
+    return "listing", sorted((sid, st) for sid, st in live.items() if sid not in listed)
+
 
 
 @dataclass
@@ -304,7 +384,9 @@ class _Removals:
 
 def _find_removed(spark: SparkSession, cfg: Config, diff: _Diff) -> _Removals:
     records, scans = None, {}
-    if diff.manifest is not None:
+    if diff.removed is not None:  # compared on the driver
+        records, scans = diff.removed.records, diff.removed.scans
+    elif diff.manifest is not None:
         records, scans = _find_removals(spark, cfg, diff.manifest, diff.listed, diff.skip,
                                         diff.versions, diff.stats, diff.skipped)
         records = records.withColumn("reason", F.lit("source_removed")).localCheckpoint(
@@ -345,7 +427,7 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
                        diff: _Diff) -> _Prepared:
     """Refuse what a takedown names, fetch referenced images and prepare them (one
     UDF), refuse what a takedown names by the source bytes' or the JPEG's hash."""
-    if diff.manifest is not None and storage.lance_exists(paths.curated) and all(
+    if diff.has_manifest and storage.lance_exists(paths.curated) and all(
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing(spark)  # a night with nothing new
     refused = diff.refused
@@ -412,7 +494,7 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
 def _record_bronze(cat: Catalog, diff: _Diff, prep: _Prepared, run_id: str,
                    now: datetime) -> None:
     """MERGE this run's rejects and manifest rows into Delta."""
-    if not prep.processed and diff.manifest is not None:
+    if not prep.processed and diff.has_manifest:
         return
     cat.rejects.merge(rejected_rows(prep.rows, run_id=run_id),
                       count=prep.processed - prep.accepted)

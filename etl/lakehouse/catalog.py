@@ -41,6 +41,7 @@ from etl.writers.delta import (
     merge_accounting,
     merge_manifest,
     merge_rejects,
+    read_columns,
     update_takedowns,
 )
 from etl.writers.lance import delete_rows
@@ -106,6 +107,14 @@ class Manifest(_DeltaTable):
         return gone, {(None if pd.isna(r) else r): int(n) for r, n in mine.groupby(
             "reason", dropna=False)["count"].sum().items()}
 
+    def known(self):
+        """What a listing is compared with -- ``sample_id, source, status, reason,
+        fingerprint`` of every row -- as an Arrow table read by delta-rs in this process,
+        when the log says there are at most :data:`DRIVER_IDS` rows; None otherwise (or
+        for a table delta-rs does not read): the comparison is then a Spark join."""
+        return read_columns(self.path, ["sample_id", "source", "status", "reason",
+                                        "fingerprint"], bound=DRIVER_IDS)
+
     def container_groups(self, manifest: DataFrame, source: str) -> list:
         """A source's records still listed, as ``(source_uri, fingerprint, count)``: what
         tells an unchanged container (tar shard) from one to open again."""
@@ -151,10 +160,12 @@ class Takedowns(_DeltaTable):
 
     def pending(self) -> DataFrame | None:
         """Requests recorded but not applied (a `forget` that died midway), or None."""
-        takedowns = self.read()
-        if takedowns is None:
+        if not self.exists():
             return None
-        pending = takedowns.where(F.col("applied_at").isNull())
+        applied = read_columns(self.path, ["applied_at"], bound=DRIVER_IDS)
+        if applied is not None and not applied.column("applied_at").null_count:
+            return None  # every request applied, told by delta-rs: no Spark job
+        pending = self.read().where(F.col("applied_at").isNull())
         return None if pending.isEmpty() else pending
 
     def taken_down_ids(self) -> DataFrame | None:

@@ -69,6 +69,21 @@ class SourceAdapter(ABC):
         fingerprints: curate then skips comparing the listing with the manifest."""
         return None
 
+    def driver_listing(self, source: SourceConfig) -> dict[str, str | None] | None:
+        """``source_key -> fingerprint`` of every record :meth:`read` would list, listed
+        on the driver without opening a record (a folder's names, sizes and mtimes);
+        None for kinds whose records are only known by reading them (tables, shards).
+        Curate then compares it with the manifest on the driver and reads through Spark
+        only the records that are new or changed (:meth:`read_keys`). Its keys are
+        unique, and it has no containers (nothing that can fail to list part of it)."""
+        return None
+
+    def read_keys(self, spark: SparkSession, source: SourceConfig,
+                  keys: frozenset[str]) -> DataFrame:
+        """:meth:`read`, for only the records with these `keys` (kinds with a
+        :meth:`driver_listing`)."""
+        raise NotImplementedError(f"kind {self.kind!r} has no driver listing")
+
     def containers(self, source: SourceConfig) -> dict[str, str] | None:
         """Files holding many records (tar shards) -> fingerprint, listed on the driver,
         for kinds that can skip an unchanged container whole; None for other kinds."""

@@ -65,10 +65,23 @@ class ImageFolderSource(SourceAdapter):
     def listing_digest(self, source: SourceConfig) -> str | None:
         return listing_digest(list_files(source.path, source.follow_symlinks))
 
+    def driver_listing(self, source: SourceConfig) -> dict[str, str | None]:
+        return {row[0]: row[4] for row in self._listed(source)}
+
+    def read_keys(self, spark: SparkSession, source: SourceConfig,
+                  keys: frozenset[str]) -> DataFrame:
+        return self._frame(spark, source, [r for r in self._listed(source) if r[0] in keys])
+
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
         version: int | None = None,
     ) -> DataFrame:
+        return self._frame(spark, source, self._listed(source))
+
+    @staticmethod
+    def _listed(source: SourceConfig) -> list[tuple]:
+        """One row per image, listed on the driver: key, URI, sidecar URIs, fingerprint,
+        and the problem that keeps it from being read (None, or reason and detail)."""
         files = list_files(source.path, source.follow_symlinks)
         by_stem: dict[str, dict] = {}
         for f in files:
@@ -98,6 +111,10 @@ class ImageFolderSource(SourceAdapter):
                 None if problem else (js.uri if js else None),
                 fp, problem[0] if problem else None, problem[1] if problem else None,
             ))
+        return rows
+
+    @staticmethod
+    def _frame(spark: SparkSession, source: SourceConfig, rows: list[tuple]) -> DataFrame:
         listing = spark.createDataFrame(
             rows,
             "source_key string, source_uri string, txt_uri string, json_uri string, "

@@ -29,6 +29,7 @@ __all__ = [
     "TAKEN_DOWN",
     "unchanged_containers",
     "retried",
+    "is_retry",
     "known_fingerprint",
     "mark_unchanged",
     "mark_duplicate_keys",
@@ -80,6 +81,12 @@ _RETRIED = (*TRANSIENT_STATUSES, INTERNAL_ERROR)  # rejects the next run tries a
 def _is_retry(manifest_status: Column, reason: Column) -> Column:
     retried = reason.isin(*_RETRIED)
     return (manifest_status == "rejected") & retried | reason.startswith("http_5")
+
+
+def is_retry(status: str | None, reason: str | None) -> bool:
+    """:func:`_is_retry` for one manifest row on the driver: its record is retried."""
+    return (status == "rejected" and reason in _RETRIED) or \
+        (reason is not None and reason.startswith("http_5"))
 
 
 def retried(reason: str | None) -> bool:

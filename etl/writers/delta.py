@@ -31,6 +31,8 @@ from etl.writers.remote import subtree
 
 __all__ = [
     "merge_rejects",
+    "read_columns",
+    "holds_none",
     "merge_manifest",
     "merge_accounting",
     "delete_rejects",
@@ -89,12 +91,12 @@ def _rs_columns(path: str, schema: StructType) -> set[str] | None:
         raise
 
 
-def holds_none(path: str, ids: list[str], *, bound: int) -> bool:
-    """Whether the Delta table at `path` holds none of the ``sample_id`` s `ids`, told by
-    delta-rs in this process: its log's row count (the files' statistics), then its
-    ``sample_id`` column when that count is within `bound`. False when it cannot tell
-    that cheaply (more rows, no statistics, a table delta-rs does not read): the caller
-    then MERGEs, which is right either way."""
+def read_columns(path: str, columns: list[str], *, bound: int):
+    """`columns` of the Delta table at `path` as an Arrow table, read by delta-rs in
+    this process (no Spark job) when its log's statistics say it has at most `bound`
+    rows; an empty table with no table there. None when that cannot be told cheaply
+    (more rows, files without statistics, a feature delta-rs does not read)."""
+    import pyarrow as pa
     from deltalake.exceptions import DeltaError
 
     from etl import storage
@@ -102,22 +104,29 @@ def holds_none(path: str, ids: list[str], *, bound: int) -> bool:
     try:
         table = storage.delta_rs_table(path)
         if table is None:
-            return True
+            return pa.table({c: pa.array([], pa.string()) for c in columns})
         actions = table.get_add_actions(flatten=True)
         if "num_records" not in actions.schema.names:
-            return False
+            return None
         counts = actions.column("num_records").to_pylist()
         if any(n is None for n in counts) or sum(counts) > bound:
-            return False
-        if not sum(counts):
-            return True
-        held = table.to_pyarrow_table(columns=["sample_id"],
+            return None
+        return table.to_pyarrow_table(columns=columns,
                                       filesystem=subtree(storage.object_url(path)))
     except DeltaError as exc:
         if storage.delta_rs_unsupported(exc):
-            return False
+            return None
         raise
-    return held.num_rows == 0 or not set(held.column("sample_id").to_pylist()) & set(ids)
+
+
+def holds_none(path: str, ids: list[str], *, bound: int) -> bool:
+    """Whether the Delta table at `path` holds none of the ``sample_id`` s `ids`, told by
+    delta-rs (:func:`read_columns`, within `bound`). False when it cannot tell that
+    cheaply: the caller then MERGEs, which is right either way."""
+    held = read_columns(path, ["sample_id"], bound=bound)
+    if held is None:
+        return False
+    return not held.num_rows or not set(held.column("sample_id").to_pylist()) & set(ids)
 
 
 def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,

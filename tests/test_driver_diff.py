@@ -1,0 +1,90 @@
+"""Curate's comparison of a folder listing with the manifest, on the driver (delta-rs
+reads the manifest's key columns, only new and changed records go through Spark) and in
+Spark (a join with the manifest snapshot), gives the same answer on the same tables:
+which records are new or changed, how many are unchanged, which left the source. The
+expectations are written down from the edits the test makes to the folder."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import jpeg_bytes, make_config
+
+from etl.jobs import curate as curate_job
+from etl.lakehouse.catalog import Catalog
+from etl.pipeline.preflight import check_sources
+from etl.schema import sample_id_of
+from etl.sources.image_folder import ImageFolderSource
+
+pytestmark = pytest.mark.slow
+
+
+def _img(i: int) -> bytes:
+    return jpeg_bytes(size=(60 + i, 50), color=(20 * i % 255, 90, 160))
+
+
+def _diff(spark, cfg, *, driver: bool, monkeypatch):
+    with monkeypatch.context() as m:
+        if not driver:
+            m.setattr(ImageFolderSource, "driver_listing", lambda self, source: None)
+        cat = Catalog.of(spark, cfg)
+        diff = curate_job._diff_sources(spark, cfg, cat)
+        removals = curate_job._find_removed(spark, cfg, diff)
+        todo = sorted(r.source_key for r in diff.listed.where("NOT unchanged").collect())
+        gone = sorted((r.sample_id, r.status) for r in removals.records.collect()) \
+            if removals.records is not None else []
+        return (diff.removed is not None,
+                {k: (v["n"], v["unchanged"]) for k, v in diff.stats.items()},
+                todo, gone, removals.scans)
+
+
+def test_driver_and_spark_comparisons_of_a_folder_agree(spark, tmp_path, monkeypatch):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(8):
+        (folder / f"p{i}.jpg").write_bytes(_img(i))
+    (folder / "p1.txt").write_text("a caption")
+    (folder / "bad.jpg").write_bytes(b"not a jpeg")  # rejected as undecodable
+    cfg = make_config(tmp_path / "root", [
+        {"name": "photos", "kind": "image_folder", "path": str(folder)}])
+    check_sources(cfg)
+    curate_job.curate(spark, cfg, "night-1")
+
+    (folder / "p8.jpg").write_bytes(_img(8))  # new
+    (folder / "p2.jpg").write_bytes(_img(12))  # changed: another size
+    st = (folder / "p3.jpg").stat()
+    os.utime(folder / "p3.jpg", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched
+    (folder / "p1.txt").write_text("another caption, longer")  # a sidecar changed
+    (folder / "p4.jpg").unlink()  # removed from the source
+    (folder / "bad.jpg").unlink()  # a rejected record removed
+    # A record whose last outcome is retried (a transient fetch failure) is read again.
+    spark.sql(f"UPDATE delta.`{Catalog.of(spark, cfg).manifest.path}` SET status = "
+              f"'rejected', stage = 'fetch', reason = 'timeout' WHERE source_key = 'p5.jpg'")
+
+    driver = _diff(spark, cfg, driver=True, monkeypatch=monkeypatch)
+    in_spark = _diff(spark, cfg, driver=False, monkeypatch=monkeypatch)
+    assert driver[0] and not in_spark[0]  # each took the path it was meant to
+    assert driver[1:] == in_spark[1:]
+    listed_now = 8  # p0-p3, p5-p8
+    todo = ["p1.jpg", "p2.jpg", "p3.jpg", "p5.jpg", "p8.jpg"]
+    gone = sorted([(sample_id_of("photos", "p4.jpg"), "accepted"),
+                   (sample_id_of("photos", "bad.jpg"), "rejected")])
+    assert driver[1:] == ({"photos": (listed_now, listed_now - len(todo))}, todo, gone,
+                          {"photos": "listing"})
+
+
+def test_an_empty_listing_defers_removals_on_the_driver(spark, tmp_path, monkeypatch):
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(_img(1))
+    cfg = make_config(tmp_path / "root", [
+        {"name": "photos", "kind": "image_folder", "path": str(folder)}])
+    check_sources(cfg)
+    curate_job.curate(spark, cfg, "night-1")
+    (folder / "a.jpg").unlink()  # an unmounted volume looks like this
+    driver = _diff(spark, cfg, driver=True, monkeypatch=monkeypatch)
+    in_spark = _diff(spark, cfg, driver=False, monkeypatch=monkeypatch)
+    assert driver[1:] == in_spark[1:] == (
+        {}, [], [],
+        {"photos": "deferred: the source lists no record at all"})
