@@ -86,8 +86,11 @@ def test_manifest_merge_driver_append_and_spark_merge_leave_the_same_table(
         assert cat.manifest.version() == version + 1, name  # one commit either way
         from deltalake import DeltaTable
 
-        op = DeltaTable(cat.manifest.path).history(1)[0]["operation"]
+        last = DeltaTable(cat.manifest.path).history(1)[0]
+        op = last["operation"]
         assert op == ("MERGE" if name == "spark" or changed else "WRITE"), (name, op)
+        # The driver path commits with delta-rs (a MERGE too when a record is held).
+        assert last.get("engineInfo", "").startswith("delta-rs") == (name == "driver")
         tables[name] = _table(spark, cat.manifest.path)
     expected = {r["sample_id"]: r for r in old} | {r["sample_id"]: r for r in new}
     want = sorted(tuple(r[f.name] for f in MANIFEST_SCHEMA.fields) for r in expected.values())
@@ -123,10 +126,12 @@ def test_rejects_merge_driver_append_and_spark_merge_leave_the_same_table(
                 cat.rejects.path)
         driver_bound(bound)
         cat.rejects.merge(spark.createDataFrame(new, REJECTS_SCHEMA), count=len(new))
-        ops[name] = DeltaTable(cat.rejects.path).history(1)[0]["operation"]
+        last = DeltaTable(cat.rejects.path).history(1)[0]
+        ops[name] = last["operation"], last.get("engineInfo", "")[:8]
         tables[name] = sorted(tuple(r) for r in spark.read.format("delta").load(
             cat.rejects.path).select(*REJECTS_SCHEMA.fieldNames()).collect())
-    assert ops == {"driver": "MERGE" if held == "same-record" else "WRITE", "spark": "MERGE"}
+    assert ops == {"driver": ("MERGE" if held == "same-record" else "WRITE", "delta-rs"),
+                   "spark": ("MERGE", "Apache-S")}
     # Keyed by (sample_id, stage, reason, detail): a row already there is kept with the
     # run that first wrote it.
     keyed = {(r["sample_id"], r["stage"], r["reason"], r["detail"]): r for r in new}

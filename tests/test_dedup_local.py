@@ -313,6 +313,12 @@ def test_driver_increment_equals_spark_increment_on_the_same_table(spark, tmp_pa
                       for r in spark.read.format("delta").load(path).collect())
 
     assert table(tmp_path / "root") == table(tmp_path / "root2")
+    # The driver's plan (updates and deletes among its rows) was one delta-rs MERGE.
+    from deltalake import DeltaTable
+
+    ops = {(h["operation"], h.get("engineInfo", "")[:8]) for h in DeltaTable(
+        tables.layout(config(tmp_path / "root", 0)).dedup).history(3)}
+    assert ("MERGE", "delta-rs") in ops
     assert any(r[6] == "near" for r in table(tmp_path / "root"))
     assert any(r[6] == "exact" for r in table(tmp_path / "root"))
     # Each run's carried-forward stats equal the other's counted ones: the next night's

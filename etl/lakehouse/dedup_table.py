@@ -35,10 +35,10 @@ from pyspark.sql import functions as F
 from etl import storage, tables
 from etl.config import Config, DedupConfig
 from etl.lakehouse import dedup_increment
-from etl.schema import DEDUP_SCHEMA
+from etl.schema import DEDUP_SCHEMA, arrow_schema
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
 from etl.transforms.dedup_local import plan_local, size_histogram, update_stats
-from etl.writers.delta import append_rows, merge_dedup, set_properties
+from etl.writers.delta import append_rows, merge_dedup, merge_dedup_rows, set_properties
 
 __all__ = [
     "DEDUP_PARAMS",
@@ -294,10 +294,12 @@ class DedupTable:
         fields = DEDUP_SCHEMA.fieldNames()
         if not changes and not removed:
             return
-        if inserts_only and not removed and append_rows(
-                pa.Table.from_pylist([{f: r[f] for f in fields} for r in changes]),
-                self.path, DEDUP_SCHEMA):
+        data = pa.Table.from_pylist([{f: r[f] for f in fields} for r in changes],
+                                    schema=arrow_schema(DEDUP_SCHEMA))
+        if inserts_only and not removed and append_rows(data, self.path, DEDUP_SCHEMA):
             return
+        if merge_dedup_rows(self.path, data, removed, ASSIGNMENT_COLUMNS):
+            return  # the MERGE below, by delta-rs on the driver (no Spark job)
         rows = self.spark.createDataFrame([tuple(r[f] for f in fields) for r in changes],
                                           DEDUP_SCHEMA)
         gone = self.spark.createDataFrame([(i,) for i in removed], "sample_id string")

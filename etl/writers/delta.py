@@ -38,6 +38,8 @@ __all__ = [
     "delete_rejects",
     "mark_removed",
     "merge_dedup",
+    "merge_dedup_rows",
+    "merge_rows",
     "append_rows",
     "set_properties",
     "record_takedowns",
@@ -143,17 +145,18 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
     from delta.tables import DeltaTable
 
     _ensure(spark, path, REJECTS_SCHEMA)
-    if driver_bound and _appended_new(rejects.select(*REJECTS_SCHEMA.fieldNames()), path,
-                                      REJECTS_SCHEMA, driver_bound):
+    rows = rejects.select(*REJECTS_SCHEMA.fieldNames())
+    if driver_bound and _appended_new(rows, path, REJECTS_SCHEMA, driver_bound):
         return
+    key = "t.sample_id = s.sample_id AND t.stage = s.stage AND t.reason = s.reason AND "
+    if driver_bound and merge_rows(rows.toArrow(), path, REJECTS_SCHEMA,
+                                   key + "t.detail IS NOT DISTINCT FROM s.detail",
+                                   lambda m: m.when_not_matched_insert_all()):
+        return  # some of the records held: the same MERGE, by delta-rs
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
-        .merge(
-            rejects.alias("s"),
-            "t.sample_id = s.sample_id AND t.stage = s.stage AND t.reason = s.reason "
-            "AND t.detail <=> s.detail",
-        )
+        .merge(rejects.alias("s"), key + "t.detail <=> s.detail")
         .whenNotMatchedInsertAll()
         .execute()
     )
@@ -194,6 +197,10 @@ def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
             return
     elif driver_bound and _appended_new(records, path, MANIFEST_SCHEMA, driver_bound):
         return
+    if driver_bound and merge_rows(
+            records.toArrow(), path, MANIFEST_SCHEMA, "t.sample_id = s.sample_id",
+            lambda m: m.when_matched_update_all().when_not_matched_insert_all()):
+        return  # records the table holds (changed, retried): the same MERGE, by delta-rs
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
@@ -257,6 +264,35 @@ def _append_new_runs(data, path: str) -> bool:
             return False
         raise
     return append_rows(data, path, ACCOUNTING_SCHEMA)
+
+
+def merge_rows(data, path: str, schema: StructType, predicate: str, clauses) -> bool:
+    """MERGE the Arrow table `data` (the columns of `schema`, plus any the clauses name)
+    into the Delta table at `path` with delta-rs in this process: one commit, no Spark
+    job. `clauses` adds the when-clauses to delta-rs's merger (``s``: the source, ``t``:
+    the table). False when delta-rs cannot write this table or these types: the caller
+    MERGEs with Spark. Only the run lock's holder writes (as for every write)."""
+    import pyarrow as pa
+    from deltalake.exceptions import DeltaError
+
+    from etl import storage
+
+    try:
+        arrow = arrow_schema(schema)
+    except TypeError:
+        return False
+    cast = pa.table({f.name: data.column(f.name).cast(f.type) for f in arrow} |
+                    {c: data.column(c) for c in data.column_names if c not in arrow.names})
+    try:
+        table = storage.delta_rs_table(path, write=True)
+        if table is None:
+            return False
+        clauses(table.merge(cast, predicate, source_alias="s", target_alias="t")).execute()
+        return True
+    except DeltaError as exc:
+        if storage.delta_rs_unsupported(exc):
+            return False
+        raise
 
 
 def append_rows(data, path: str, schema: StructType) -> bool:
@@ -329,6 +365,27 @@ def mark_removed(spark: SparkSession, removed: DataFrame, path: str, *, run_id: 
         .whenMatchedUpdate(condition=f"t.status != '{REMOVED}'", set=common)
         .execute()
     )
+
+
+def merge_dedup_rows(path: str, changes, removed: list[str], columns: Iterable[str]) -> bool:
+    """:func:`merge_dedup` for a plan made on the driver (`changes`: an Arrow table of
+    the dedup schema's columns), by delta-rs in this process; False when delta-rs cannot
+    write the table (the caller then MERGEs with Spark)."""
+    import pyarrow as pa
+
+    from etl.schema import DEDUP_SCHEMA
+
+    loose = pa.schema([f.with_nullable(True) for f in changes.schema])  # deletes: ids only
+    gone = pa.table({f.name: pa.array(removed, pa.string()) if f.name == "sample_id"
+                     else pa.nulls(len(removed), f.type) for f in loose}, schema=loose)
+    ops = ["upsert"] * changes.num_rows + ["delete"] * len(removed)
+    source = pa.concat_tables([changes.cast(loose), gone]).append_column(
+        "_op", pa.array(ops, pa.string()))
+    cols = {c: f"s.{c}" for c in columns}
+    return merge_rows(source, path, DEDUP_SCHEMA, "t.sample_id = s.sample_id", lambda m: (
+        m.when_matched_delete(predicate="s._op = 'delete'")
+        .when_matched_update(updates=cols, predicate="s._op = 'upsert'")
+        .when_not_matched_insert(updates=cols, predicate="s._op = 'upsert'")))
 
 
 def merge_dedup(spark: SparkSession, path: str, changes: DataFrame, removed: DataFrame,
