@@ -325,3 +325,36 @@ def test_driver_increment_equals_spark_increment_on_the_same_table(spark, tmp_pa
     # shortcuts start from the truth.
     again = run_pipeline(config(tmp_path / "root", 50_000), only=("dedup",)).detail("dedup")
     assert again.from_metadata and (again.counts, again.clusters) == (s.counts, s.clusters)
+
+
+def test_stored_rows_on_the_driver_equal_the_spark_query(spark):
+    """The rows an increment needs from the dedup table -- near neighbours of new hashes
+    (an LSH key in common), previous rows of changed ids, rows of clusters named after
+    them, then their clusters' members -- found in Spark and on the driver (Arrow compute
+    over the table read by delta-rs) are the same rows; expected ids written here."""
+    import pyarrow as pa
+
+    from etl.lakehouse.dedup_increment import stored_rows
+    from etl.schema import DEDUP_SCHEMA, arrow_schema
+
+    rng = random.Random(11)
+    cfg = DedupConfig()
+    base = [_signed(rng.getrandbits(64)) for _ in range(12)]
+    rows = []
+    for i, h in enumerate(base):  # clusters of two: c0 = {s00, s01}, c1 = {s02, s03}, ...
+        rows.append({"sample_id": f"s{i:02d}", "source": "src", "image_sha256": f"h{i}",
+                     "dhash": h, "dup_cluster_id": f"s{i - i % 2:02d}",
+                     "is_canonical": i % 2 == 0, "dup_kind": "canonical" if i % 2 == 0
+                     else "near", "cluster_size": 2, "run_id": "r1"})
+    u = base[4] & ((1 << 64) - 1)
+    near = _signed(u ^ 1)  # one bit from s04: shares every band but one
+    added = [{"sample_id": "new1", "dhash": near}, {"sample_id": "new2", "dhash": None}]
+    ids = {"new1", "new2", "s09", "s10"}  # s09 changed; s10 names cluster s10
+    table = spark.createDataFrame([tuple(r[f] for f in DEDUP_SCHEMA.fieldNames())
+                                   for r in rows], DEDUP_SCHEMA)
+    in_spark = stored_rows(spark, table, cfg, added, ids)
+    local = stored_rows(spark, pa.Table.from_pylist(rows, schema=arrow_schema(DEDUP_SCHEMA)),
+                        cfg, added, ids)
+    # s04 (near new1) brings its cluster-mate s05; s09 brings s08; s10 and s11.
+    assert sorted(local) == sorted(in_spark) == ["s04", "s05", "s08", "s09", "s10", "s11"]
+    assert local == {k: {c: v[c] for c in ASSIGNMENT_COLUMNS} for k, v in in_spark.items()}

@@ -132,15 +132,19 @@ def _semi(table: DataFrame, spark: SparkSession, column: str, values: list) -> D
     return table.join(F.broadcast(wanted), column, "left_semi")
 
 
-def stored_rows(spark: SparkSession, table: DataFrame, cfg: DedupConfig,
+def stored_rows(spark: SparkSession, table, cfg: DedupConfig,
                 added: list[dict], ids: set[str]) -> dict[str, dict]:
     """The assignments (by id) a plan of `added` rows and changed or deleted `ids`
     needs from the dedup `table` (ASSIGNMENT_COLUMNS): near neighbours of the new
     hashes (an LSH key in common), the previous rows of `ids`, rows whose cluster is
-    named after one of them; then every member of their clusters."""
+    named after one of them; then every member of their clusters. `table`: the table
+    in Spark, or read on the driver as an Arrow table (:func:`_stored_local`, no Spark
+    job)."""
     masks = lsh_masks(cfg.threshold, cfg.bands)
     keys = sorted({(k, r["dhash"] & m) for r in added if r["dhash"] is not None
                    for k, m in enumerate(masks)})
+    if not isinstance(table, DataFrame):  # read on the driver
+        return _stored_local(table, masks, set(keys), ids)
     found = table.limit(0)
     if keys:
         keyed = table.select(
@@ -162,6 +166,33 @@ def stored_rows(spark: SparkSession, table: DataFrame, cfg: DedupConfig,
         for r in _semi(table, spark, "dup_cluster_id", clusters).collect():
             prior.setdefault(r["sample_id"], r.asDict())
     return prior
+
+
+def _signed(v: int) -> int:
+    """A 64-bit pattern as the signed long Delta stores it."""
+    return (v + 2**63) % 2**64 - 2**63
+
+
+def _stored_local(table, masks: list[int], keys: set[tuple[int, int]],
+                  ids: set[str]) -> dict[str, dict]:
+    """:func:`stored_rows` over the table read on the driver (an Arrow table), in
+    vectorised compute: the same three matches (an LSH key of a new hash, an id, a
+    cluster named after an id), then their clusters' members."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    wanted = pa.array(sorted(ids), pa.string())
+    hit = pc.or_(pc.is_in(table["sample_id"], wanted), pc.is_in(table["dup_cluster_id"], wanted))
+    for k, m in enumerate(masks):
+        band = pa.array(sorted({_signed(key) for kk, key in keys if kk == k}), pa.int64())
+        if len(band):
+            hit = pc.or_(hit, pc.is_in(pc.bit_wise_and(table["dhash"], pa.scalar(
+                _signed(m), pa.int64())), band))
+    first = table.filter(hit)
+    clusters = pc.unique(first["dup_cluster_id"])
+    members = table.filter(pc.and_(pc.is_in(table["dup_cluster_id"], clusters),
+                                   pc.invert(hit)))
+    return {r["sample_id"]: r for r in first.to_pylist() + members.to_pylist()}
 
 
 def curated_rows(spark: SparkSession, path: str, now, version: int, ids: list[str],
@@ -194,7 +225,7 @@ class TouchedRows:
     prior: dict[str, dict]  # ASSIGNMENT_COLUMNS by id: the stored rows involved
 
 
-def touched_rows(spark: SparkSession, path: str, table: DataFrame, cfg: DedupConfig, *,
+def touched_rows(spark: SparkSession, path: str, table, cfg: DedupConfig, *,
                  covered: int, version: int, limit: int,
                  scan_rows: int) -> TouchedRows | None:
     """The rows an increment from curated version `covered` to `version` touches, or

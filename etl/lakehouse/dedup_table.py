@@ -35,10 +35,17 @@ from pyspark.sql import functions as F
 from etl import storage, tables
 from etl.config import Config, DedupConfig
 from etl.lakehouse import dedup_increment
+from etl.lakehouse.catalog import DRIVER_IDS
 from etl.schema import DEDUP_SCHEMA, arrow_schema
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
 from etl.transforms.dedup_local import plan_local, size_histogram, update_stats
-from etl.writers.delta import append_rows, merge_dedup, merge_dedup_rows, set_properties
+from etl.writers.delta import (
+    append_rows,
+    merge_dedup,
+    merge_dedup_rows,
+    read_columns,
+    set_properties,
+)
 
 __all__ = [
     "DEDUP_PARAMS",
@@ -155,6 +162,12 @@ class DedupTable:
         """Every assignment (ASSIGNMENT_COLUMNS)."""
         return self.spark.read.format("delta").load(self.path).select(*ASSIGNMENT_COLUMNS)
 
+    def read_local(self):
+        """Every assignment as an Arrow table read by delta-rs in this process (no Spark
+        job), while the table's log says it holds at most ``DRIVER_SCAN_ROWS`` rows; None
+        otherwise."""
+        return read_columns(self.path, list(ASSIGNMENT_COLUMNS), bound=DRIVER_SCAN_ROWS)
+
     def version(self) -> int | None:
         """The table's latest Delta version; None when dedup never ran."""
         return storage.delta_version(self.spark, self.path)
@@ -251,6 +264,14 @@ class DedupTable:
                 coverage.dedup_version, curated_version, coverage.uncovered,
                 coverage.removed,
             )
+        local = read_columns(self.path, ["sample_id", "is_canonical"],
+                             bound=DRIVER_SCAN_ROWS)
+        if local is not None:
+            import pyarrow.compute as pc
+
+            ids = local.filter(pc.invert(local["is_canonical"]))["sample_id"].to_pylist()
+            if len(ids) <= DRIVER_IDS:  # a few ids: no Delta read in Spark
+                return self.spark.createDataFrame([(i,) for i in ids], "sample_id string")
         return self.read().where("NOT is_canonical").select("sample_id")
 
     # ------------------------------------------------------------------ the writer
@@ -366,7 +387,8 @@ class DedupTable:
         sc.setJobDescription("lakeshard dedup: rows the increment touches")
         try:
             rows = dedup_increment.touched_rows(
-                self.spark, self.curated_path, self.read(), self.cfg.dedup,
+                self.spark, self.curated_path, _or_spark(self.read_local(), self.read),
+                self.cfg.dedup,
                 covered=int(state.get(DEDUP_CURATED_VERSION, -1)), version=version,
                 limit=limit, scan_rows=DRIVER_SCAN_ROWS)
         finally:
@@ -419,3 +441,8 @@ class DedupTable:
             self.write(self.read().limit(0), gone, state=state, covers=None)
         return DedupResult(self.path, self.version(), "incremental", version, 0, 0, 0, 0, n,
                            0, ())
+
+
+def _or_spark(local, read):
+    """`local` (read on the driver) unless None, then `read()` (the table in Spark)."""
+    return read() if local is None else local
