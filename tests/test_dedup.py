@@ -316,7 +316,10 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
         tmp_path,
         sources=[{"name": "photos", "kind": "image_folder", "path": str(photos)}],
         exports={"train": {"partitions": 1},
-                 "everything": {"partitions": 1, "include_duplicates": True}},
+                 "everything": {"partitions": 1, "include_duplicates": True},
+                 # Spread over partitions: the duplicates' ids (a small frame) are joined
+                 # without undoing the repartition by sample_id.
+                 "spread": {"partitions": 3}},
     )
 
     def state():
@@ -366,6 +369,8 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     assert _exported_ids(tables.layout(cfg).export_dir("train")) == sorted(
         [first, ids["other/coffee.png"]])
     assert len(_exported_ids(tables.layout(cfg).export_dir("everything"))) == 4
+    assert _exported_ids(tables.layout(cfg).export_dir("spread")) == sorted(
+        [first, ids["other/coffee.png"]])
     from etl.jobs.verify_export import verify_export
 
     report = verify_export(tables.layout(cfg).export_dir("train"))  # table rows - duplicates

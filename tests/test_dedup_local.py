@@ -358,3 +358,44 @@ def test_stored_rows_on_the_driver_equal_the_spark_query(spark):
     # s04 (near new1) brings its cluster-mate s05; s09 brings s08; s10 and s11.
     assert sorted(local) == sorted(in_spark) == ["s04", "s05", "s08", "s09", "s10", "s11"]
     assert local == {k: {c: v[c] for c in ASSIGNMENT_COLUMNS} for k, v in in_spark.items()}
+
+
+def test_duplicate_ids_read_on_the_driver_keep_an_exports_partitions(spark, tmp_path):
+    """The non-canonical ids (read by delta-rs, a small frame) left out of a curated read
+    of 2,000 rows, then spread over 8 partitions by sample_id as the MDS writer does:
+    the ids named, 8 partitions, each row kept once. (`bench/nightly.py` once got one
+    partition where the frame was shuffled by sample_id for the join; it is broadcast
+    now. This session's settings did not reproduce that plan.)"""
+    import lance
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from support import make_config
+
+    from etl.lakehouse import dedup_table as module
+    from etl.schema import DEDUP_SCHEMA, arrow_schema
+    from etl.writers.delta import set_properties
+
+    cfg = make_config(tmp_path)
+    table = module.DedupTable(spark, cfg)
+    ids = [f"s{i:05d}" for i in range(2000)]
+    version = lance.write_dataset(pa.table({"sample_id": ids}), table.curated_path).version
+    rows = [{"sample_id": i, "source": "src", "image_sha256": i, "dhash": n,
+             "dup_cluster_id": ids[n - n % 50], "is_canonical": n % 50 == 0,
+             "dup_kind": "canonical" if n % 50 == 0 else "exact", "cluster_size": 50,
+             "run_id": "r1"} for n, i in enumerate(ids)]
+    write_deltalake(table.path, pa.Table.from_pylist(rows, schema=arrow_schema(DEDUP_SCHEMA)))
+    set_properties(spark, table.path, {module.DEDUP_PARAMS: table.params,
+                                       module.DEDUP_CURATED_VERSION: str(version)})
+    dups = table.non_canonical_ids(version)
+    assert sorted(r.sample_id for r in dups.collect()) == [
+        i for n, i in enumerate(ids) if n % 50]
+    curated = spark.read.format("lance").load(table.curated_path).select("sample_id")
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "200")  # Spark's default, as in a run
+    try:
+        spread = curated.join(dups, "sample_id", "left_anti").repartition(8, "sample_id")
+        parts = spread.mapInArrow(lambda batches: batches, spread.schema).rdd.glom().map(
+            len).collect()
+    finally:
+        spark.conf.set("spark.sql.shuffle.partitions", before)
+    assert len(parts) == 8 and sum(parts) == 40
