@@ -6,7 +6,8 @@ Both sides decode and re-encode the same images as JPEG q92 with the same librar
 * bare   -- multiprocessing.Pool(cores) over the image bytes: open, convert to RGB,
             save JPEG q92. Nothing else: the libjpeg-turbo ceiling on this machine.
 * stage  -- lakeshard's prepare stage: parquet of image bytes -> Spark -> the pandas
-            UDF (decode, orientation, colour, JPEG, sha256, dHash, flags) -> noop sink.
+            UDF curate runs (fetch -- nothing to fetch here --, decode, orientation,
+            colour, JPEG, sha256 of source and JPEG, dHash, flags) -> noop sink.
 * loop   -- lakeshard's prepare_image in the same Pool, to separate the cost of the
             extra per-image work from the cost of Spark.
 
@@ -97,7 +98,7 @@ class Sides:
         from etl.config import PrepareConfig, parse_config
         from etl.schema import INGEST_SCHEMA
         from etl.session import get_spark
-        from etl.transforms.prepare import prepare_images
+        from etl.transforms.prepare import fetch_and_prepare, prepared_outcomes
 
         self.images = images
         self.pool = Pool(cores)
@@ -125,10 +126,16 @@ class Sides:
             F.lit(None).cast("string").alias("metadata_json"),
             F.col("b").alias("image_bytes"), F.lit("ok").alias("read_status"),
             F.lit(None).cast("string").alias("read_reason"),
-        ).select(*INGEST_SCHEMA.fieldNames())
+        ).select(*INGEST_SCHEMA.fieldNames(),
+                 *[F.lit(None).cast(t).alias(c) for c, t in (
+                     ("image_ref", "string"), ("image_offset", "long"),
+                     ("image_length", "long"))])
         self.stages = {}
         for threads in threads_list:
-            prepared = prepare_images(df, PrepareConfig(threads=threads))
+            # What curate runs: one UDF that fetches (nothing here: the bytes are in the
+            # rows), prepares and hashes the source bytes.
+            prepared = prepared_outcomes(fetch_and_prepare(
+                df, cfg.fetch, cfg.sources, PrepareConfig(threads=threads)))
             prepared = prepared.select("prepared.image", "status")
             prepared.limit(cores).write.format("noop").mode("overwrite").save()  # warm
             self.stages[threads] = prepared
