@@ -41,6 +41,8 @@ from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
 from etl.transforms.dedup_local import plan_local, size_histogram, update_stats
 from etl.writers.delta import (
     append_rows,
+    ensure_table,
+    is_empty,
     merge_dedup,
     merge_dedup_rows,
     read_columns,
@@ -287,16 +289,19 @@ class DedupTable:
         now covers (`covers`, a curated version; None records nothing) and its `stats`
         (None: counted after the write). Rows the driver planned (Python lists) that
         only insert (`inserts_only`: no id the table holds) are appended by delta-rs
-        (no Spark job); anything else is one MERGE. The properties are set last, so that
-        a run killed before is not taken for up to date. Returns the Delta version
-        after, and the stats recorded."""
-        from delta.tables import DeltaTable
-
-        if state is None:
-            DeltaTable.createIfNotExists(self.spark).location(self.path).addColumns(
-                DEDUP_SCHEMA).execute()
+        (no Spark job), a plan of few rows is MERGEd by delta-rs, a first plan into an
+        empty table is appended; anything else is one MERGE. The properties are set
+        last, so that a run killed before is not taken for up to date. Returns the Delta
+        version after, and the stats recorded."""
+        if state is None:  # created by delta-rs where it can (no Spark job)
+            ensure_table(self.spark, self.path, DEDUP_SCHEMA)
         if isinstance(changes, list):
             self._write_rows(changes, removed, inserts_only=inserts_only)
+        elif state is None and is_empty(self.path):
+            # A first plan into an empty table: an append is what the MERGE would do (a
+            # table a killed first run left rows in is MERGEd into, as before).
+            changes.select(*DEDUP_SCHEMA.fieldNames()).write.format("delta").mode(
+                "append").save(self.path)
         else:
             merge_dedup(self.spark, self.path, changes, removed, ASSIGNMENT_COLUMNS)
         if covers is None:

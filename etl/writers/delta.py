@@ -30,9 +30,11 @@ from etl.schema import (
 from etl.writers.remote import subtree
 
 __all__ = [
+    "ensure_table",
     "merge_rejects",
     "read_columns",
     "holds_none",
+    "is_empty",
     "merge_manifest",
     "merge_accounting",
     "delete_rejects",
@@ -53,7 +55,7 @@ _SCRUBBED = ("caption_original", "license", "metadata_json", "upstream_quality",
              "upstream_nsfw", "upstream_watermark", "upstream_pii")
 
 
-def _ensure(spark: SparkSession, path: str, schema: StructType) -> None:
+def ensure_table(spark: SparkSession, path: str, schema: StructType) -> None:
     """The table exists, with every column of `schema` (missing ones added as nullable):
     looked up and, on a first write, created by delta-rs in this process (no Spark job);
     by Spark for a table delta-rs cannot read or a schema it cannot write."""
@@ -131,6 +133,13 @@ def holds_none(path: str, ids: list[str], *, bound: int) -> bool:
     return not held.num_rows or not set(held.column("sample_id").to_pylist()) & set(ids)
 
 
+def is_empty(path: str) -> bool:
+    """Whether the Delta table at `path` holds no row, told from its log by delta-rs;
+    False when it cannot tell."""
+    held = read_columns(path, ["sample_id"], bound=0)
+    return held is not None and held.num_rows == 0
+
+
 def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
                   driver_bound: int = 0) -> None:
     """Insert rejects not yet recorded; a rerun of the same input adds nothing.
@@ -144,7 +153,7 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
     the table the MERGE would leave, without its Spark jobs."""
     from delta.tables import DeltaTable
 
-    _ensure(spark, path, REJECTS_SCHEMA)
+    ensure_table(spark, path, REJECTS_SCHEMA)
     rows = rejects.select(*REJECTS_SCHEMA.fieldNames())
     if driver_bound and _appended_new(rows, path, REJECTS_SCHEMA, driver_bound):
         return
@@ -186,7 +195,7 @@ def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
     the bound)."""
     from delta.tables import DeltaTable
 
-    _ensure(spark, path, MANIFEST_SCHEMA)
+    ensure_table(spark, path, MANIFEST_SCHEMA)
     records = records.select(*MANIFEST_SCHEMA.fieldNames())
     if driver_bound and before is not None:
         data = records.toArrow()
@@ -225,7 +234,7 @@ def merge_accounting(spark: SparkSession, rows, path: str) -> None:
     data = rows.select(names) if isinstance(rows, pa.Table) else rows.select(*names).toArrow()
     if _append_new_runs(data, path):  # the table exists with every column: no Spark
         return
-    _ensure(spark, path, ACCOUNTING_SCHEMA)
+    ensure_table(spark, path, ACCOUNTING_SCHEMA)
     if _append_new_runs(data, path):
         return
     frame = (spark.createDataFrame(data.to_pylist(), ACCOUNTING_SCHEMA)
@@ -253,7 +262,7 @@ def _append_new_runs(data, path: str) -> bool:
     try:
         table = storage.delta_rs_table(path, write=True)
         if table is None or not set(data.column_names) <= set(table.schema().to_arrow().names):
-            return False  # no table yet, or one missing a column: _ensure first
+            return False  # no table yet, or one missing a column: ensure_table first
         runs = sorted(set(data.column("run_id").to_pylist()))
         if runs and table.to_pyarrow_table(
                 columns=["run_id"], filters=[("run_id", "in", runs)],
@@ -346,7 +355,7 @@ def mark_removed(spark: SparkSession, removed: DataFrame, path: str, *, run_id: 
     record already removed from its source; a source removal touches only live rows."""
     from delta.tables import DeltaTable
 
-    _ensure(spark, path, MANIFEST_SCHEMA)
+    ensure_table(spark, path, MANIFEST_SCHEMA)
     left = (
         "CASE WHEN t.status = 'accepted' THEN 'curated' "
         "WHEN t.status = 'rejected' THEN 'rejects' ELSE t.stage END"
@@ -433,7 +442,7 @@ def record_takedowns(spark: SparkSession, rows: DataFrame, path: str) -> None:
     matched record): recording the same request again adds nothing."""
     from delta.tables import DeltaTable
 
-    _ensure(spark, path, TAKEDOWNS_SCHEMA)
+    ensure_table(spark, path, TAKEDOWNS_SCHEMA)
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
