@@ -176,3 +176,17 @@ def scoped_env(env: Mapping[str, str]) -> Iterator[None]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def non_null_fields(t) -> list[str]:
+    """Names of the non-nullable fields anywhere in the Spark type `t` (struct fields,
+    array elements as ``<element>``): a UDF's result type must have none (Spark 4.0
+    checks an Arrow result's nullability; udfs/arrow_types.py)."""
+    from pyspark.sql import types as T
+
+    if isinstance(t, T.StructType):
+        return [f.name for f in t.fields if not f.nullable] + [
+            n for f in t.fields for n in non_null_fields(f.dataType)]
+    if isinstance(t, T.ArrayType):
+        return ([] if t.containsNull else ["<element>"]) + non_null_fields(t.elementType)
+    return []

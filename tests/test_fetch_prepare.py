@@ -15,7 +15,7 @@ import pytest
 from httpserver import Server
 from PIL import Image
 from pyspark.sql import functions as F
-from support import jpeg_bytes, png_bytes
+from support import jpeg_bytes, non_null_fields, png_bytes
 
 from etl.config import FetchConfig, PrepareConfig, SourceConfig
 from udfs.fetch import RefRules, rules_for
@@ -283,19 +283,9 @@ def test_many_batches_in_one_task_keep_each_row_with_its_image(spark, tmp_path):
 
 
 def test_the_result_type_is_nullable_throughout_and_holds_the_prepared_fields():
-    from pyspark.sql import types as T
-
     from udfs.images import PREPARED_TYPE
 
-    def non_null(t) -> list[str]:
-        if isinstance(t, T.StructType):
-            return [f.name for f in t.fields if not f.nullable] + [
-                n for f in t.fields for n in non_null(f.dataType)]
-        if isinstance(t, T.ArrayType):
-            return ([] if t.containsNull else ["<element>"]) + non_null(t.elementType)
-        return []
-
-    assert non_null(FETCH_PREPARE_TYPE) == []  # Spark 4.0: udfs/arrow_types.py
+    assert non_null_fields(FETCH_PREPARE_TYPE) == []  # Spark 4.0: udfs/arrow_types.py
     assert FETCH_PREPARE_TYPE.names == ["fetch_status", "fetch_detail", "fetch_attempts",
                                         "original_sha256", *PREPARED_TYPE.names]
-    assert non_null(PREPARED_TYPE)  # the declared type itself is unchanged
+    assert non_null_fields(PREPARED_TYPE)  # the declared type itself is unchanged

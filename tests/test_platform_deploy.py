@@ -442,24 +442,16 @@ def test_a_missing_optional_module_names_its_extra():
 
 
 def test_udf_result_types_are_nullable_throughout_and_the_declared_ones_unchanged():
-    from pyspark.sql import types as T
+    from support import non_null_fields
 
     from udfs.arrow_types import nullable_type
     from udfs.fetch import FETCH_TYPE
     from udfs.images import PREPARED_TYPE
 
-    def non_null(t) -> list[str]:
-        if isinstance(t, T.StructType):
-            return [f.name for f in t.fields if not f.nullable] + [
-                n for f in t.fields for n in non_null(f.dataType)]
-        if isinstance(t, T.ArrayType):
-            return ([] if t.containsNull else ["<element>"]) + non_null(t.elementType)
-        return []
-
     for declared in (FETCH_TYPE, PREPARED_TYPE):
         before = declared.json()
         relaxed = nullable_type(declared)
-        assert non_null(declared) and non_null(relaxed) == []
+        assert non_null_fields(declared) and non_null_fields(relaxed) == []
         assert [f.name for f in relaxed.fields] == declared.names
         assert [f.dataType.typeName() for f in relaxed.fields] == [
             f.dataType.typeName() for f in declared.fields]
