@@ -361,11 +361,12 @@ def test_stored_rows_on_the_driver_equal_the_spark_query(spark):
 
 
 def test_duplicate_ids_read_on_the_driver_keep_an_exports_partitions(spark, tmp_path):
-    """The non-canonical ids (read by delta-rs, a small frame) left out of a curated read
-    of 2,000 rows, then spread over 8 partitions by sample_id as the MDS writer does:
-    the ids named, 8 partitions, each row kept once. (`bench/nightly.py` once got one
-    partition where the frame was shuffled by sample_id for the join; it is broadcast
-    now. This session's settings did not reproduce that plan.)"""
+    """The non-canonical ids (read by delta-rs: a frame of unknown size, so the join is a
+    shuffle by sample_id) left out of a curated read of 2,000 rows, then spread over 8
+    partitions by sample_id as the MDS writer does. With the join's shuffle also 8 wide,
+    Spark drops the repartition as redundant and adaptive execution coalesces that
+    shuffle (fewer than 8 partitions: an export failed so, 'tasks reported partitions
+    [0]'); under the writer's settings every one of the 8 is kept."""
     import lance
     import pyarrow as pa
     from deltalake import write_deltalake
@@ -374,6 +375,7 @@ def test_duplicate_ids_read_on_the_driver_keep_an_exports_partitions(spark, tmp_
     from etl.lakehouse import dedup_table as module
     from etl.schema import DEDUP_SCHEMA, arrow_schema
     from etl.writers.delta import set_properties
+    from etl.writers.mds import _write_conf
 
     cfg = make_config(tmp_path)
     table = module.DedupTable(spark, cfg)
@@ -390,12 +392,19 @@ def test_duplicate_ids_read_on_the_driver_keep_an_exports_partitions(spark, tmp_
     assert sorted(r.sample_id for r in dups.collect()) == [
         i for n, i in enumerate(ids) if n % 50]
     curated = spark.read.format("lance").load(table.curated_path).select("sample_id")
-    before = spark.conf.get("spark.sql.shuffle.partitions")
-    spark.conf.set("spark.sql.shuffle.partitions", "200")  # Spark's default, as in a run
-    try:
-        spread = curated.join(dups, "sample_id", "left_anti").repartition(8, "sample_id")
-        parts = spread.mapInArrow(lambda batches: batches, spread.schema).rdd.glom().map(
+
+    def spread() -> list[int]:
+        rows = curated.join(dups, "sample_id", "left_anti").repartition(8, "sample_id")
+        return rows.mapInArrow(lambda batches: batches, rows.schema).rdd.glom().map(
             len).collect()
+
+    before = spark.conf.get("spark.sql.shuffle.partitions")
+    spark.conf.set("spark.sql.shuffle.partitions", "8")  # the join's shuffle: 8 wide
+    try:
+        plain = spread()
+        with _write_conf(spark, None):
+            kept = spread()
     finally:
         spark.conf.set("spark.sql.shuffle.partitions", before)
-    assert len(parts) == 8 and sum(parts) == 40
+    assert len(plain) < 8 and sum(plain) == 40  # what the writer must not get
+    assert len(kept) == 8 and sum(kept) == 40

@@ -272,11 +272,8 @@ class DedupTable:
             import pyarrow.compute as pc
 
             ids = local.filter(pc.invert(local["is_canonical"]))["sample_id"].to_pylist()
-            if len(ids) <= DRIVER_IDS:  # a few ids: no Delta read in Spark. Broadcast:
-                # joined as a hash table, not shuffled by sample_id (a shuffle adaptive
-                # execution may read locally, undoing an export's repartition by sample_id)
-                return F.broadcast(self.spark.createDataFrame([(i,) for i in ids],
-                                                              "sample_id string"))
+            if len(ids) <= DRIVER_IDS:  # a few ids: no Delta read in Spark
+                return self.spark.createDataFrame([(i,) for i in ids], "sample_id string")
         return self.read().where("NOT is_canonical").select("sample_id")
 
     # ------------------------------------------------------------------ the writer

@@ -223,19 +223,28 @@ def _job(rows: DataFrame, step: str) -> Iterator[None]:
 
 
 @contextmanager
-def _arrow_batch_rows(spark: SparkSession, rows: int | None) -> Iterator[None]:
-    """Spark's Arrow batch size set to `rows` inside (unchanged with None), then put back."""
-    batch_key = "spark.sql.execution.arrow.maxRecordsPerBatch"
-    before = spark.conf.get(batch_key, None)
+def _write_conf(spark: SparkSession, rows: int | None) -> Iterator[None]:
+    """Inside: Spark's Arrow batch size set to `rows` (unchanged with None), and adaptive
+    execution neither coalescing nor locally reading shuffles: a join on sample_id
+    upstream (the rows left out) whose shuffle also serves the repartition by sample_id
+    (Spark drops the repartition as redundant) would otherwise be coalesced or read one
+    partition per map task, and the writer would get fewer partitions than asked for.
+    All put back after."""
+    settings = {"spark.sql.adaptive.coalescePartitions.enabled": "false",
+                "spark.sql.adaptive.localShuffleReader.enabled": "false"}
     if rows is not None:
-        spark.conf.set(batch_key, str(rows))
+        settings["spark.sql.execution.arrow.maxRecordsPerBatch"] = str(rows)
+    before = {k: spark.conf.get(k, None) for k in settings}
+    for k, v in settings.items():
+        spark.conf.set(k, v)
     try:
         yield
     finally:
-        if before is None:
-            spark.conf.unset(batch_key)
-        else:
-            spark.conf.set(batch_key, before)
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 @dataclass(frozen=True)
@@ -269,7 +278,7 @@ def _write_partitions(todo: _WriteSet, write, *, seed: int, small_rows: bool, na
         )
         spark = todo.rows.sparkSession
         with _job(todo.rows, f"write MDS {name}"), \
-                _arrow_batch_rows(spark, TAKE_ROWS * 8 if small_rows else None):
+                _write_conf(spark, TAKE_ROWS * 8 if small_rows else None):
             results = sorted(
                 (r.asDict() for r in ordered.mapInArrow(write, RESULT_DDL).collect()),
                 key=lambda r: r["partition"],
