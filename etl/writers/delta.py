@@ -154,14 +154,13 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
     from delta.tables import DeltaTable
 
     ensure_table(spark, path, REJECTS_SCHEMA)
-    rows = rejects.select(*REJECTS_SCHEMA.fieldNames())
-    if driver_bound and _appended_new(rows, path, REJECTS_SCHEMA, driver_bound):
-        return
     key = "t.sample_id = s.sample_id AND t.stage = s.stage AND t.reason = s.reason AND "
-    if driver_bound and merge_rows(rows.toArrow(), path, REJECTS_SCHEMA,
-                                   key + "t.detail IS NOT DISTINCT FROM s.detail",
-                                   lambda m: m.when_not_matched_insert_all()):
-        return  # some of the records held: the same MERGE, by delta-rs
+    if driver_bound:
+        data = rejects.select(*REJECTS_SCHEMA.fieldNames()).toArrow()  # collected once
+        if _appended_new(data, path, REJECTS_SCHEMA, driver_bound) or merge_rows(
+                data, path, REJECTS_SCHEMA, key + "t.detail IS NOT DISTINCT FROM s.detail",
+                lambda m: m.when_not_matched_insert_all()):
+            return  # none of the records held: an append; some: the same MERGE, by delta-rs
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
@@ -171,10 +170,9 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
     )
 
 
-def _appended_new(rows: DataFrame, path: str, schema: StructType, bound: int) -> bool:
-    """Append `rows` by delta-rs when the table holds none of their records; False (and
-    nothing written) otherwise. No rows: nothing to commit."""
-    data = rows.toArrow()
+def _appended_new(data, path: str, schema: StructType, bound: int) -> bool:
+    """Append the Arrow table `data` by delta-rs when the table holds none of its
+    records; False (and nothing written) otherwise. No rows: nothing to commit."""
     if not data.num_rows:
         return True
     return holds_none(path, data.column("sample_id").to_pylist(), bound=bound) and \
@@ -204,10 +202,12 @@ def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
         if before.join(F.broadcast(ids), "sample_id", "left_semi").isEmpty() and \
                 append_rows(data, path, MANIFEST_SCHEMA):
             return
-    elif driver_bound and _appended_new(records, path, MANIFEST_SCHEMA, driver_bound):
-        return
+    elif driver_bound:
+        data = records.toArrow()  # collected once
+        if _appended_new(data, path, MANIFEST_SCHEMA, driver_bound):
+            return
     if driver_bound and merge_rows(
-            records.toArrow(), path, MANIFEST_SCHEMA, "t.sample_id = s.sample_id",
+            data, path, MANIFEST_SCHEMA, "t.sample_id = s.sample_id",
             lambda m: m.when_matched_update_all().when_not_matched_insert_all()):
         return  # records the table holds (changed, retried): the same MERGE, by delta-rs
     (
