@@ -390,9 +390,10 @@ class DedupTable:
             return None
         sc = self.spark.sparkContext
         sc.setJobDescription("lakeshard dedup: rows the increment touches")
+        local = self.read_local()  # the table on the driver, else in Spark
         try:
             rows = dedup_increment.touched_rows(
-                self.spark, self.curated_path, _or_spark(self.read_local(), self.read),
+                self.spark, self.curated_path, self.read() if local is None else local,
                 self.cfg.dedup,
                 covered=int(state.get(DEDUP_CURATED_VERSION, -1)), version=version,
                 limit=limit, scan_rows=DRIVER_SCAN_ROWS)
@@ -446,8 +447,3 @@ class DedupTable:
             self.write(self.read().limit(0), gone, state=state, covers=None)
         return DedupResult(self.path, self.version(), "incremental", version, 0, 0, 0, 0, n,
                            0, ())
-
-
-def _or_spark(local, read):
-    """`local` (read on the driver) unless None, then `read()` (the table in Spark)."""
-    return read() if local is None else local
