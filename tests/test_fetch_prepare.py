@@ -241,6 +241,36 @@ def test_one_udf_ends_as_the_two_did_and_refuses_by_hash_after_preparing(
     assert new["fetched"][9]["image_sha256"] == sha(new["fetched"][9]["image"])
 
 
+def test_on_the_driver_the_same_rows_come_out_with_no_python_udf_in_the_plan(
+        spark, server, tmp_path, monkeypatch):
+    import etl.transforms.prepare as prep
+    from etl.transforms.bronze import refuse_taken_down
+
+    server.files["other.jpg"] = jpeg_bytes((20, 20), color=(1, 2, 3))
+    df = _frame(spark, server, tmp_path).withColumn(
+        "image_ref", F.when(F.col("sample_id") == "refused",
+                            F.lit(f"{server.url}/img/other.jpg")).otherwise(F.col("image_ref")))
+    refused = _refused(spark, [sha(server.files["other.jpg"])])
+    opts = FetchConfig(retries=0, allow_networks=LOOPBACK)
+    sources = [WEB.model_copy(update={"allow_local": True})]
+
+    def final(on_driver):
+        return prep.prepared_outcomes(refuse_taken_down(
+            prep.fetch_and_prepare(df, opts, sources, PREPARE, on_driver=on_driver),
+            refused, by_hash=True))
+
+    in_spark = _outcome(final(False))
+    monkeypatch.setattr(prep, "_DRIVER_BATCH", 3)  # 8 rows: three batches, one behind
+    here = final(True)
+    plan = here._jdf.queryExecution().executedPlan().toString()
+    assert "EvalPython" not in plan and "_fetch_prepare" not in plan, plan
+    assert _outcome(here) == in_spark
+    assert in_spark["fetched"][0] == "ok" and in_spark["missing"][2] == "http_404"
+    empty = prep.fetch_and_prepare(df.limit(0), opts, sources, PREPARE, on_driver=True)
+    assert empty.schema == prep.fetch_and_prepare(df, opts, sources, PREPARE).schema
+    assert empty.collect() == []
+
+
 def test_many_batches_in_one_task_keep_each_row_with_its_image(spark, tmp_path):
     from etl.transforms.prepare import fetch_and_prepare, prepared_outcomes
 

@@ -33,13 +33,13 @@ def test_a_fetch_bug_reading_a_sidecar_is_internal_error_not_a_bad_sidecar(tmp_p
                                                                           monkeypatch):
     """image_folder reads `.txt`/`.json` sidecars through fetch_ref: a bug there is the
     record's internal_error (counted apart, retried), not `invalid_sidecar`."""
-    from etl.sources.image_folder import _sidecar_udf
+    from etl.sources.image_folder import _sidecar_parser
     from udfs import fetch
 
     (tmp_path / "a.txt").write_text("a cat on a mat\n")
     (tmp_path / "a.json").write_text(json.dumps({"license": "cc-by"}))
-    parse = _sidecar_udf({"caption": "caption", "license": "license"},
-                         max_caption_chars=65536, follow_symlinks=False).func
+    parse = _sidecar_parser({"caption": "caption", "license": "license"},
+                            max_caption_chars=65536, follow_symlinks=False)
     out = parse(str(tmp_path / "a.txt"), str(tmp_path / "a.json"))
     assert (out["read_status"], out["read_reason"], out["caption_original"],
             out["license"]) == ("ok", None, "a cat on a mat", "cc-by")

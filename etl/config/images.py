@@ -35,6 +35,10 @@ class PrepareConfig(Section):
     # Threads per Spark task preparing one Arrow batch's images (Pillow releases the GIL
     # in decode/encode); 1 = one image at a time.
     threads: Annotated[int, Field(ge=1, le=64)] = 2
+    # A night with at most this many new or changed records, all of sources the driver
+    # lists (image folders), fetches and prepares them in the driver's process and
+    # writes them to Lance from there: no Spark task runs Python for them. 0: never.
+    driver_rows: Annotated[int, Field(ge=0, le=4096)] = 256
 
 
 # The contact URL of the default user agent: a placeholder the operator replaces with a

@@ -34,7 +34,6 @@ from etl import storage, tables
 from etl.config import Config, SourceConfig
 from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.derived import DerivedState
-from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.lakehouse.maintenance import (
     PurgeResult,
     RemovalResult,
@@ -271,6 +270,8 @@ class _Diff:
     has_manifest: bool = False  # a manifest was there (`manifest` is None when compared
     # on the driver)
     removed: _Removals | None = None  # compared on the driver: what left the sources
+    on_driver: bool = False  # `listed` is a few records of local data, no Python UDF in
+    # its plan: fetched, prepared and written to Lance from the driver
 
     @property
     def unchanged(self) -> dict[str, int]:
@@ -327,18 +328,22 @@ def _diff_on_driver(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | N
         by_id[row["sample_id"]] = (row["fingerprint"], is_retry(row["status"], row["reason"]))
         if row["status"] != REMOVED:
             live_ids.setdefault(row["source"], {})[row["sample_id"]] = row["status"]
-    stats, frames, gone, scans = {}, [], [], {}
+    stats, changed, gone, scans = {}, {}, [], {}
     for s in cfg.sources:
         ids = {key: sample_id_of(s.name, key) for key in listings[s.name]}
-        changed = frozenset(k for k, sid in ids.items() if by_id.get(sid, (None, True))[1]
-                            or by_id[sid][0] != listings[s.name][k])
+        changed[s.name] = frozenset(
+            k for k, sid in ids.items() if by_id.get(sid, (None, True))[1]
+            or by_id[sid][0] != listings[s.name][k])
         if ids:  # as the Spark path's counts by source: a source listing nothing has none
             stats[s.name] = {"source": s.name, "n": len(ids),
-                             "unchanged": len(ids) - len(changed), "failures": 0}
-        if changed:
-            frames.append(finish_ingest(adapter_for(s.kind).read_keys(spark, s, changed), s))
+                             "unchanged": len(ids) - len(changed[s.name]), "failures": 0}
         scans[s.name], left = _driver_removals(s, live_ids.get(s.name, {}), ids)
         gone += [(sid, s.name, status) for sid, status in left]
+    # A few new or changed records: read, fetched and prepared on the driver.
+    on_driver = sum(map(len, changed.values())) <= cfg.prepare.driver_rows
+    frames = [finish_ingest(adapter_for(s.kind).read_keys(spark, s, changed[s.name],
+                                                          on_driver), s)
+              for s in cfg.sources if changed[s.name]]
     # Keys of a driver listing are unique (one copy each), and it has no containers to
     # fail: no window over the keys, no Spark job to count failures. Read once, by the
     # fetch and prepare step.
@@ -352,7 +357,8 @@ def _diff_on_driver(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | N
     versions = {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources
                 if s.on_removed == "delete"}
     return _Diff(None, cat.takedowns.identifiers(), versions, {}, {}, listed, stats,
-                 has_manifest=True, removed=_Removals(records, scans, {}))
+                 has_manifest=True, removed=_Removals(records, scans, {}),
+                 on_driver=on_driver)
 
 
 def _driver_removals(source: SourceConfig, live: dict[str, str], ids: dict[str, str]
@@ -408,6 +414,7 @@ class _Prepared:
     outcome: DataFrame  # outcome_counts(rows) (persisted)
     outcome_rows: list  # the same, collected
     examples: tuple[str, ...]  # a few failed records, for the failure budgets' messages
+    on_driver: bool = False  # `rows` are local data, prepared on the driver
 
     @classmethod
     def nothing(cls, spark: SparkSession) -> _Prepared:
@@ -434,8 +441,10 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     todo = mark_duplicate_keys(diff.listed.where(~F.col("unchanged")))
     if refused is not None:
         todo = refuse_taken_down(todo, refused)  # by key and URL: nothing fetched
-    # One Python UDF fetches, hashes the source bytes and prepares (they never return).
-    todo = fetch_and_prepare(todo, cfg.fetch, cfg.sources, cfg.prepare)
+    # One Python UDF fetches, hashes the source bytes and prepares (they never return);
+    # a few records: its batch function, on the driver.
+    todo = fetch_and_prepare(todo, cfg.fetch, cfg.sources, cfg.prepare,
+                             on_driver=diff.on_driver)
     if refused is not None:
         # Same bytes, new name: rejected at ingest; prepared_outcomes drops its prepared.
         todo = refuse_taken_down(todo, refused, by_hash=True)
@@ -459,7 +468,7 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     outcome = outcome_counts(prepared).persist()
     outcome_rows = outcome.collect()
     return _Prepared(prepared, outcome, outcome_rows,
-                     failure_examples(outcome_rows, cfg.run.budgets.examples))
+                     failure_examples(outcome_rows, cfg.run.budgets.examples), diff.on_driver)
 
 
 def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep: _Prepared,
@@ -474,7 +483,7 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
     # run's tasks hold fewer): a small night adds one fragment, not one per listing
     # partition. Partitions of the persisted rows are merged, the JPEGs not shuffled.
     fragments = max(1, -(-prep.accepted // 512))
-    if fragments < accepted.rdd.getNumPartitions():
+    if not prep.on_driver and fragments < accepted.rdd.getNumPartitions():
         accepted = accepted.coalesce(fragments)
     replaced = 0
     if prep.processed:  # a run with nothing new writes nothing but its accounting
@@ -483,9 +492,8 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
             prep.rows.where(F.col("occurrence") == 1).select("sample_id"), prep.processed,
         )
     if prep.accepted or not storage.lance_exists(paths.curated):
-        accepted.write.format("lance").mode("append").save(paths.curated)
-        # Scalar indexes on the columns analysts filter by (extended to new fragments).
-        ensure_scalar_indexes(paths.curated, cfg.lakehouse.scalar_indexes)
+        # Scalar indexes on the columns analysts filter by extend to the new fragments.
+        Catalog.of(spark, cfg).curated.append(accepted, on_driver=prep.on_driver)
     if replaced:
         log.info("curate: replaced %d curated rows of changed records", replaced)
     return replaced

@@ -44,7 +44,7 @@ from etl.writers.delta import (
     read_columns,
     update_takedowns,
 )
-from etl.writers.lance import delete_rows
+from etl.writers.lance import append_local, delete_rows
 
 __all__ = ["DRIVER_IDS", "Manifest", "Rejects", "Accounting", "Takedowns", "Curated",
            "Catalog"]
@@ -225,9 +225,14 @@ class Curated:
         return [r.sample_id for r in existing.join(ids.select("sample_id"), "sample_id",
                                                    "left_semi").collect()]
 
-    def append(self, rows: DataFrame) -> None:
-        """Append rows; the scalar indexes analysts filter by extend to the new fragments."""
-        rows.write.format("lance").mode("append").save(self.path)
+    def append(self, rows: DataFrame, on_driver: bool = False) -> None:
+        """Append rows; the scalar indexes analysts filter by extend to the new fragments.
+        `on_driver`: `rows` are few, collected and written from this process (no Spark
+        task runs Python: the Lance data source's writer is Python)."""
+        if on_driver:
+            append_local(self.path, rows.toArrow())
+        else:
+            rows.write.format("lance").mode("append").save(self.path)
         ensure_scalar_indexes(self.path, self.cfg.lakehouse.scalar_indexes)
 
 

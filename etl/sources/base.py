@@ -79,9 +79,11 @@ class SourceAdapter(ABC):
         return None
 
     def read_keys(self, spark: SparkSession, source: SourceConfig,
-                  keys: frozenset[str]) -> DataFrame:
+                  keys: frozenset[str], on_driver: bool = False) -> DataFrame:
         """:meth:`read`, for only the records with these `keys` (kinds with a
-        :meth:`driver_listing`)."""
+        :meth:`driver_listing`). `on_driver`: the keys are few, and what the read does
+        per record in Python (a sidecar's parse) is done here on the driver, so that
+        the frame's plan holds no Python UDF (no Python worker starts for it)."""
         raise NotImplementedError(f"kind {self.kind!r} has no driver listing")
 
     def containers(self, source: SourceConfig) -> dict[str, str] | None:

@@ -48,6 +48,13 @@ _SIDECAR_FIELDS = [
     "upstream_watermark", "upstream_pii", "metadata_json", "read_status", "read_reason",
 ]
 _SIDECAR_TYPE = T.StructType([RAW_SCHEMA[f] for f in _SIDECAR_FIELDS])
+# One row of the driver's listing (ImageFolderSource._listed).
+_LISTING_FIELDS = ("source_key", "source_uri", "txt_uri", "json_uri", "fingerprint",
+                   "problem", "problem_detail")
+
+
+def _listing_type() -> T.StructType:
+    return T.StructType([T.StructField(f, T.StringType(), True) for f in _LISTING_FIELDS])
 
 
 class ImageFolderSource(SourceAdapter):
@@ -69,8 +76,9 @@ class ImageFolderSource(SourceAdapter):
         return {row[0]: row[4] for row in self._listed(source)}
 
     def read_keys(self, spark: SparkSession, source: SourceConfig,
-                  keys: frozenset[str]) -> DataFrame:
-        return self._frame(spark, source, [r for r in self._listed(source) if r[0] in keys])
+                  keys: frozenset[str], on_driver: bool = False) -> DataFrame:
+        return self._frame(spark, source, [r for r in self._listed(source) if r[0] in keys],
+                           on_driver)
 
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
@@ -114,15 +122,19 @@ class ImageFolderSource(SourceAdapter):
         return rows
 
     @staticmethod
-    def _frame(spark: SparkSession, source: SourceConfig, rows: list[tuple]) -> DataFrame:
-        listing = spark.createDataFrame(
-            rows,
-            "source_key string, source_uri string, txt_uri string, json_uri string, "
-            "fingerprint string, problem string, problem_detail string",
-        )
+    def _frame(spark: SparkSession, source: SourceConfig, rows: list[tuple],
+               on_driver: bool = False) -> DataFrame:
+        """The rows' source columns; `on_driver`: their sidecars parsed here, not by a
+        Python UDF (a handful of records: no Python worker for them)."""
         mapping = {"caption": "caption", **dict(source.columns)}
-        side = _sidecar_udf(mapping, source.max_caption_chars, source.follow_symlinks)(
-            F.col("txt_uri"), F.col("json_uri"))
+        parse = _sidecar_parser(mapping, source.max_caption_chars, source.follow_symlinks)
+        if on_driver:
+            listing = spark.createDataFrame(
+                [(*r, parse(r[2], r[3])) for r in rows],
+                _listing_type().add("_side", _SIDECAR_TYPE, True))
+        else:
+            listing = spark.createDataFrame(rows, _listing_type()).withColumn(
+                "_side", F.udf(parse, _SIDECAR_TYPE)(F.col("txt_uri"), F.col("json_uri")))
         listed_ok = F.col("problem").isNull()
         fields = {c: F.col("_side")[c] for c in _SIDECAR_FIELDS}
         fields["read_status"] = F.when(listed_ok, fields["read_status"]).otherwise("rejected")
@@ -130,7 +142,7 @@ class ImageFolderSource(SourceAdapter):
             .otherwise(F.col("problem"))
         fields["metadata_json"] = F.when(listed_ok, fields["metadata_json"]).otherwise(
             F.to_json(F.struct(F.col("problem_detail").alias("detail"))))
-        out = listing.withColumn("_side", side).select(
+        out = listing.select(
             "source_key",
             "source_uri",
             *[fields[c].alias(c) for c in _SIDECAR_FIELDS],
@@ -143,7 +155,9 @@ class ImageFolderSource(SourceAdapter):
         return out.select(*RAW_SCHEMA.fieldNames())
 
 
-def _sidecar_udf(mapping: dict[str, str], max_caption_chars: int, follow_symlinks):
+def _sidecar_parser(mapping: dict[str, str], max_caption_chars: int, follow_symlinks):
+    """(txt URI, json URI) -> the record's sidecar fields (:data:`_SIDECAR_TYPE`)."""
+
     def parse(txt_uri, json_uri):
         from udfs.fetch import RefRules, fetch_ref
         from udfs.outcomes import INTERNAL_ERROR
@@ -189,7 +203,7 @@ def _sidecar_udf(mapping: dict[str, str], max_caption_chars: int, follow_symlink
                        metadata_json=json.dumps({"detail": bad[1]}))
         return out
 
-    return F.udf(parse, _SIDECAR_TYPE)
+    return parse
 
 
 def _sidecar_opts(max_bytes: int):

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl.config import FetchConfig, PrepareConfig, SourceConfig
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
 from etl.transforms.fetch import fetch_outcome, needs_fetch
+from udfs.arrow_types import nullable_type
 from udfs.fetch import rules_for
 from udfs.images import PREPARED_TYPE, prepare_udf
-from udfs.ingest import fetch_prepare_udf
+from udfs.ingest import FETCH_PREPARE_TYPE, fetch_prepare_batches, fetch_prepare_udf
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
@@ -20,7 +25,7 @@ __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted
 
 
 def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[SourceConfig],
-                      opts: PrepareConfig) -> DataFrame:
+                      opts: PrepareConfig, *, on_driver: bool = False) -> DataFrame:
     """Fetch the images readable rows reference and prepare every readable row, in one
     pass of one Python UDF (:mod:`udfs.ingest`): the source bytes never come back.
 
@@ -30,16 +35,21 @@ def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[Sourc
     ``original_sha256`` (the source bytes' sha256: fetched, or carried by the row, read
     or not; null without bytes) and ``prepared`` (:data:`PREPARED_TYPE`; null where the
     row is not readable after the fetch); drops ``image_bytes``. The final outcome is
-    :func:`prepared_outcomes`' (after any refusal by the source bytes' hash)."""
+    :func:`prepared_outcomes`' (after any refusal by the source bytes' hash).
+
+    `on_driver`: `df` is a few rows whose plan holds no Python UDF; they are collected
+    and fetched and prepared here, by the UDF's own batch function, in this process (no
+    Python worker starts), and the result is a frame of local data."""
     rules = {s.name: rules_for(s) for s in sources}
     read_ok = F.coalesce(F.col("read_status") == "ok", F.lit(False))
     need = needs_fetch()
-    udf = fetch_prepare_udf(fetch, rules, opts)
     # A Python UDF sees every row, even under F.when: rows not processed pass nulls.
-    out = df.withColumn("_fp", F.when(read_ok, udf(
-        read_ok, "source", F.when(need, F.col("image_ref")), "image_offset", "image_length",
-        F.when(read_ok, F.col("image_bytes")),
-    )))
+    args = (read_ok, F.col("source"), F.when(need, F.col("image_ref")), F.col("image_offset"),
+            F.col("image_length"), F.when(read_ok, F.col("image_bytes")))
+    if on_driver:
+        out = _fetch_prepare_here(df, args, fetch, rules, opts)
+    else:
+        out = df.withColumn("_fp", F.when(read_ok, fetch_prepare_udf(fetch, rules, opts)(*args)))
     fp = F.col("_fp")
     fetched = fetch_outcome(need, fp.fetch_status, fp.fetch_detail)
     prepared = F.struct(*[fp[name].alias(name) for name in PREPARED_TYPE.fieldNames()])
@@ -50,6 +60,35 @@ def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[Sourc
         .when(has_bytes, F.sha2(F.col("image_bytes"), 256)),
         "prepared": F.when(read_ok & ~fetched["fetch_failed"], prepared),
     }).drop("_fp", "image_bytes")
+
+
+# Rows per batch of a fetch and prepare on the driver: a batch's downloads run while the
+# batch before is prepared, as in the UDF.
+_DRIVER_BATCH = 64
+
+
+def _fetch_prepare_here(df: DataFrame, args: Sequence[Column], fetch: FetchConfig,
+                        rules: Mapping, opts: PrepareConfig) -> DataFrame:
+    """`df` with ``_fp`` (:data:`FETCH_PREPARE_TYPE`, null where the row is not to be
+    processed) computed in this process, as a frame of local data."""
+    names = [f"_fp_arg{i}" for i in range(len(args))]
+    table = df.select("*", *[a.alias(n) for a, n in zip(args, names, strict=True)]).toArrow()
+    inputs = table.select(names).to_pandas()
+    chunks = (tuple(inputs[n].iloc[i:i + _DRIVER_BATCH].reset_index(drop=True)
+                    for n in names) for i in range(0, len(inputs), _DRIVER_BATCH))
+    frames = list(fetch_prepare_batches(chunks, fetch, rules, opts))
+    fp_type = nullable_type(FETCH_PREPARE_TYPE)
+    arrow = to_arrow_schema(fp_type)
+    result = pa.concat_tables(
+        [arrow.empty_table()]
+        + [pa.Table.from_pandas(f, schema=arrow, preserve_index=False) for f in frames])
+    processed = table.column(names[0]).combine_chunks().fill_null(False)
+    struct = pa.StructArray.from_arrays(
+        [result.column(f).combine_chunks() for f in fp_type.fieldNames()],
+        fields=list(arrow), mask=pc.invert(processed))
+    local = table.drop_columns(names).append_column("_fp", struct)
+    schema = T.StructType([*df.schema.fields, T.StructField("_fp", fp_type, True)])
+    return df.sparkSession.createDataFrame(local, schema)
 
 
 def prepared_outcomes(rows: DataFrame) -> DataFrame:

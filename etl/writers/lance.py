@@ -190,6 +190,15 @@ class _LanceWriter(DataSourceArrowWriter):
                         os.remove(local)
 
 
+def append_local(path: str, table: pa.Table, max_rows_per_file: int = 1024 * 1024) -> None:
+    """Append `table` (a frame's ``toArrow()``) from this process: the same write and
+    commit as a ``format("lance")`` append's tasks and driver (a first write creates the
+    table with the table's schema)."""
+    arrow = _append_schema(path, table.schema) if _exists(path) else table.schema
+    writer = _LanceWriter(path, arrow, False, max_rows_per_file)
+    writer.commit([writer.write(iter(table.to_batches()))])
+
+
 def _rebuild_empty_lists(batch: pa.RecordBatch) -> pa.RecordBatch:
     """Work around pylance 14 rejecting list columns whose values are all empty.
 
