@@ -19,12 +19,16 @@ command, with each stage's seconds (the run's events.jsonl), the time from the
 process's start to the first stage (imports, Spark start-up, checks) and from the last
 stage to the process's exit (report, ledger, summary), and beside them a bare Spark
 start-up (a process that only starts the session and runs one job); then the warm
-figures above, on a second copy of the same photos.
+figures above, on a second copy of the same photos. The cold nights have a cache folder
+of their own: the first writes the driver JVM's class archive, as on a fresh install
+(etl/runtime/jvm.py). `--plain-jvm` runs them first with the JVM's own defaults (no
+class archive, full JIT), on photos drawn the same way, for a side-by-side figure.
 
     .venv/bin/python bench/nightly.py               # 2,000 photos
     .venv/bin/python bench/nightly.py --n 200       # a quick look
     .venv/bin/python bench/nightly.py --cold        # cold (one process a night), then warm
     .venv/bin/python bench/nightly.py --cold --cold-only --n 16000   # the cold nights only
+    .venv/bin/python bench/nightly.py --cold --cold-only --plain-jvm # JVM defaults, then ours
 """
 
 from __future__ import annotations
@@ -211,19 +215,25 @@ def _cold(raw: dict, work: Path, n: int, added: int, seed: int, min_distance: in
 
     photos = Photos(work / "photos", seed, min_distance)
     photos.add(n)
-    raw = {**raw, "storage": {"root": str(work / "root")},
+    # A cache of its own: the first night writes the driver JVM's class archive (as on a
+    # fresh install; etl/runtime/jvm.py), the later nights and the start-up probe map it.
+    raw = {**raw, "storage": {"root": str(work / "root"), "cache_dir": str(work / "cache")},
            "sources": [{"name": "photos", "kind": "image_folder", "path": str(work / "photos")}],
            "run": {**raw["run"], "report": True}}
     conf = work / "conf.yaml"
     conf.write_text(yaml.safe_dump(raw))
-    startup = _spark_startup(conf)
     runs = [_cold_run(conf, work / "root", "cold-first", "first")]
+    startup = _spark_startup(conf)
     runs.append(_cold_run(conf, work / "root", "cold-noop", "no-op rerun"))
     photos.add(added)
     runs.append(_cold_run(conf, work / "root", "cold-increment", f"+{added} photos"))
     print(f"\nCOLD: each night its own `lakeshard run` process, report on; {os.cpu_count()} "
           f"cores; load {os.getloadavg()[0]:.2f}")
-    print(f"Spark start-up in a fresh process (import + session + one job): {startup:.1f} s")
+    archive = sorted((work / "cache" / "jvm").glob("spark-*.jsa"))
+    print(f"Spark start-up in a fresh process (import + session + one job): {startup:.1f} s"
+          f"; driver JVM class archive: " + (f"{archive[0].stat().st_size / 1e6:.0f} MB, "
+                                              "written by the first night" if archive
+                                              else "none"))
     _print_runs(runs, "command s", [("before 1st stage s", "before"),
                                     ("after last stage s", "after")])
     first = runs[0]["wall"]
@@ -245,6 +255,9 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true",
                     help="first the three nights as a scheduler runs them: one `lakeshard "
                          "run` process each, the report on; then the warm figures")
+    ap.add_argument("--plain-jvm", action="store_true",
+                    help="with --cold: first the same cold nights with the driver JVM's "
+                         "own defaults (no class archive, full JIT), on other photos")
     ap.add_argument("--cold-only", action="store_true",
                     help="with --cold: only the cold nights (no warm figures after them)")
     ap.add_argument("--jobs", action="store_true",
@@ -278,6 +291,12 @@ def main() -> None:
     cfg = check_config(parse_config(raw))
     added = max(1, round(args.n * args.increment))
     if args.cold:
+        if args.plain_jvm:  # the same nights first with the JVM's own defaults
+            print("PLAIN JVM: spark.driver_jvm class_archive and quick_jit off")
+            _cold({**raw, "spark": {**raw["spark"], "driver_jvm": {
+                "class_archive": False, "quick_jit": False}}}, work / "cold-plain", args.n,
+                  added, args.seed, 2 * cfg.dedup.threshold)
+            print("LAKESHARD'S DRIVER JVM SETTINGS (the default)")
         _cold(raw, work / "cold", args.n, added, args.seed, 2 * cfg.dedup.threshold)
         if args.cold_only:
             return

@@ -27,6 +27,7 @@ from pyspark.sql import SparkSession
 from etl.config import Config
 from etl.config.runtime import S3_SCHEMES, S3A_RETRY_CONF
 from etl.errors import JarsMissingError, UnsupportedSparkError
+from etl.runtime.jvm import driver_jvm, starts_own_jvm
 from etl.storage import use_storage
 from etl.writers.remote import s3_settings
 
@@ -42,6 +43,7 @@ _DELTA_JAR = "delta-spark_*2.13-*.jar"
 # Python data source API (with Arrow writers) is Spark >= 4.0; 4.2 is not tested yet.
 SUPPORTED_SPARK = ((4, 0), (4, 1))
 _S3A_JAR = "hadoop-aws-*.jar"
+_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 _S3A_FS = "org.apache.hadoop.fs.s3a.S3AFileSystem"
 # Credentials: the AWS SDK's default chain -- environment (AWS_ACCESS_KEY_ID, ...,
 # AWS_SESSION_TOKEN), system properties, web identity (EKS IRSA), profile, container
@@ -195,8 +197,10 @@ def check_spark_version(version: str) -> None:
             f"{supported} (docs/operations.md, \"Platforms\")")
 
 
-def get_spark(cfg: Config) -> SparkSession:
-    """Build (or return the running) SparkSession for `cfg`."""
+def get_spark(cfg: Config, *, archive_classes: bool = False) -> SparkSession:
+    """Build (or return the running) SparkSession for `cfg`. `archive_classes`: a
+    driver JVM this process starts may write the class archive (etl/runtime/jvm.py;
+    pipeline runs do)."""
     import pyspark
 
     check_spark_version(pyspark.__version__)
@@ -206,10 +210,22 @@ def get_spark(cfg: Config) -> SparkSession:
         _check_java()
         # Executors are Python workers of this same interpreter.
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    conf = spark_conf(cfg)
+    jvm = None
+    if starts_own_jvm():  # a driver JVM this process starts: etl/runtime/jvm.py
+        opts = cfg.spark.driver_jvm
+        jvm = driver_jvm(opts.class_archive, opts.quick_jit, cfg.storage.machine_cache,
+                         _jar_paths(cfg), " ".join([conf.get("spark.driver.memory", ""),
+                                                    conf.get(_JAVA_OPTIONS, "")]),
+                         may_dump=archive_classes)
+        conf[_JAVA_OPTIONS] = " ".join(filter(None, [jvm.java_options,
+                                                     conf.get(_JAVA_OPTIONS)]))
     builder = SparkSession.builder.master(cfg.spark.master).appName(cfg.spark.app_name)
-    for key, value in spark_conf(cfg).items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if jvm is not None:
+        jvm.publish_at_exit(spark)
     spark.sparkContext.setLogLevel("WARN")
     spark.dataSource.register(LanceDataSource)
     return spark

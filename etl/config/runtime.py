@@ -218,11 +218,29 @@ class StorageConfig(Section):
         return urlparse(self.root).scheme if self.is_remote else ""
 
     @property
+    def machine_cache(self) -> str:
+        """The cache of what belongs to this machine's installation rather than to one
+        root (the driver JVM's class archive): `cache_dir`, else ~/.cache/lakeshard."""
+        return self.cache_dir or _default_cache()
+
+    @property
     def local_cache(self) -> str:
         """The local cache folder (see `cache_dir`)."""
         if self.cache_dir:
             return self.cache_dir
         return os.path.join(self.root, "cache") if not self.is_remote else _default_cache()
+
+
+class DriverJvmConfig(Section):
+    """The driver JVM of a process that starts its own Spark (a `lakeshard run` on
+    local[*] or a standalone cluster; not under spark-submit or a platform's session):
+    etl/runtime/jvm.py."""
+    # Archive the classes the driver loads (AppCDS) in the local cache once, and map
+    # them at every later start.
+    class_archive: bool = True
+    # The client compiler only (-XX:TieredStopAtLevel=1): a short run's JVM code is
+    # compiled sooner.
+    quick_jit: bool = True
 
 
 class SparkConfig(Section):
@@ -233,6 +251,7 @@ class SparkConfig(Section):
     jars_dir: str | None = ".jars"
     # Any Spark setting; applied after lakeshard's own (docs/configuration.md).
     conf: StrMap = Field(default_factory=dict)
+    driver_jvm: DriverJvmConfig = Field(default_factory=DriverJvmConfig)
 
     @field_validator("jars_dir")
     @classmethod

@@ -303,7 +303,7 @@ def _start_spark(cfg: Config, out: RunOutcome):
     from etl.session import get_spark
 
     fault_point("run:locked")
-    spark = get_spark(cfg)
+    spark = get_spark(cfg, archive_classes=True)
     sc = spark.sparkContext
     _forward_to_workers(sc)
     if console_mode().spark_log_level:
