@@ -128,3 +128,27 @@ def test_list_columns_with_only_empty_lists_in_a_task_write(spark, tmp_path):
     )
     got = sorted((r["id"], r["flags"]) for r in lance.dataset(path).to_table().to_pylist())
     assert got == [(1, []), (2, []), (3, ["a", "b"]), (4, [])]
+
+
+def test_the_driver_reads_and_appends_as_the_data_source_does(spark, tmp_path):
+    from etl.writers.lance import append_local, read_local
+
+    path = str(tmp_path / "d.lance")
+    _frame(spark, 30).repartition(3).write.format("lance").mode("overwrite").save(path)
+    # Appended from the driver: the same writer and commit, one more version.
+    append_local(path, _frame(spark, 5, offset=30).toArrow())
+    ds = lance.dataset(path)
+    assert (ds.version, ds.count_rows(), len(ds.get_fragments())) == (2, 35, 4)
+    for where in (None, "bucket = '3'", "id > 1000"):
+        reader = spark.read.format("lance").option("version", "2").option(
+            "columns", "id,bucket,image").option("row_address", "true")
+        if where:
+            reader = reader.option("filter", where)
+        in_spark = reader.load(path)
+        here = read_local(spark, path, 2, ["id", "bucket", "image"], where, row_address=True)
+        assert here.schema == in_spark.schema
+        plan = here._jdf.queryExecution().executedPlan().toString()
+        assert "BatchEvalPython" not in plan and "PythonScan" not in plan, plan
+        assert sorted(here.collect()) == sorted(in_spark.collect()), where
+    addr = read_local(spark, path, 2, ["id"], "id = 31", row_address=True).first()
+    assert ds._take_rows([addr._rowaddr], columns=["id"]).to_pylist() == [{"id": 31}]

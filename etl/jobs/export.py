@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession
 from etl import storage, tables
 from etl.config import Config
 from etl.errors import ConfigError
-from etl.lakehouse.catalog import Catalog
+from etl.lakehouse.catalog import DRIVER_IDS, Catalog
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 from etl.lakehouse.derived import DerivedState
 from etl.ledger import code_version
@@ -32,7 +32,7 @@ from etl.transforms.export import (
     ids_fingerprint,
     latent_export_columns,
 )
-from etl.writers.lance import ROW_ADDRESS
+from etl.writers.lance import ROW_ADDRESS, read_local
 from etl.writers.mds import BlobSource, ExportResult, export_mds, mds_encoding, read_manifest
 
 __all__ = ["export", "stage"]
@@ -121,9 +121,13 @@ def _latents(name: str, exp, table, mapping: dict) -> dict[str, str]:
 
 
 def _read_curated(spark: SparkSession, curated_path: str, version: int, columns: list[str],
-                  where: str | None) -> DataFrame:
+                  where: str | None, matching: int) -> DataFrame:
     """The chosen rows' small columns and row addresses at the pinned version, read once
-    (the counts, an incremental export's diff and the write all scan them)."""
+    (the counts, an incremental export's diff and the write all scan them); up to
+    `DRIVER_IDS` of them (`matching`) read on the driver, as local data."""
+    if matching <= DRIVER_IDS:
+        return read_local(spark, curated_path, version, columns, where,
+                          row_address=True).persist(StorageLevel.MEMORY_AND_DISK)
     reader = (spark.read.format("lance").option("version", str(version))
               .option("columns", ",".join(columns)).option("row_address", "true"))
     if where:
@@ -301,7 +305,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     if quiet is not None:
         return quiet
     curated = _read_curated(spark, tables.layout(cfg).curated, cols.table.version,
-                            cols.small, exp.where)
+                            cols.small, exp.where, cols.matching)
     try:
         chosen = _choose_rows(spark, cfg, exp, cols, curated, memo)
         result = _write(cfg, name, exp, cols, curated, chosen)

@@ -101,21 +101,44 @@ class _LanceReader(DataSourceReader):
 
         settle_imports()  # pylance/pyarrow: keep the daemon's per-task GC cheap
         for fid in partition.value:
-            frag = ds.get_fragment(fid)
-            for batch in frag.to_batches(
-                columns=self.columns,
-                filter=self.predicate,
-                batch_size=1024,
-                with_row_address=self.with_row_address,
-            ):
-                if self.with_row_address:
-                    i = batch.schema.get_field_index(ROW_ADDRESS)
-                    addr = batch.column(i).cast(pa.int64())
-                    batch = batch.set_column(i, ROW_ADDRESS, addr)
-                if self.with_fragment_id:
-                    ids = pa.array([fid] * batch.num_rows, pa.int32())
-                    batch = batch.append_column(FRAGMENT_ID, ids)
-                yield batch
+            yield from self.fragment_batches(ds, fid)
+
+    def fragment_batches(self, ds, fid: int) -> Iterator[pa.RecordBatch]:
+        """One fragment's batches, as the data source's schema has them."""
+        for batch in ds.get_fragment(fid).to_batches(
+            columns=self.columns,
+            filter=self.predicate,
+            batch_size=1024,
+            with_row_address=self.with_row_address,
+        ):
+            if self.with_row_address:
+                i = batch.schema.get_field_index(ROW_ADDRESS)
+                addr = batch.column(i).cast(pa.int64())
+                batch = batch.set_column(i, ROW_ADDRESS, addr)
+            if self.with_fragment_id:
+                ids = pa.array([fid] * batch.num_rows, pa.int32())
+                batch = batch.append_column(FRAGMENT_ID, ids)
+            yield batch
+
+
+def read_local(spark, path: str, version: int, columns: list[str], where: str | None,
+               row_address: bool = False):
+    """What ``format("lance")`` with these options reads, read here on the driver by the
+    data source's own reader and handed to Spark as local data (for a few rows: no
+    Python worker starts to read them)."""
+    reader = spark.read.format("lance").option("version", str(version)).option(
+        "columns", ",".join(columns)).option("row_address", str(row_address).lower())
+    schema = reader.load(path).schema  # the data source's schema(): no Spark job
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    lance_reader = _LanceReader(path, version, list(schema.fieldNames()), where)
+    ds = _dataset(path, version)
+    arrow = to_arrow_schema(schema)
+    batches = [b for f in ds.get_fragments() for b in lance_reader.fragment_batches(
+        ds, f.fragment_id)]
+    table = (pa.Table.from_batches(batches).cast(arrow) if batches
+             else arrow.empty_table())
+    return spark.createDataFrame(table, schema)
 
 
 # ---------------------------------------------------------------------------- write
