@@ -37,7 +37,8 @@ class PrepareConfig(Section):
     threads: Annotated[int, Field(ge=1, le=64)] = 2
     # A night with at most this many new or changed records, all of sources the driver
     # lists (image folders), fetches and prepares them in the driver's process and
-    # writes them to Lance from there: no Spark task runs Python for them. 0: never.
+    # writes them to Lance from there: no Spark task runs Python for them (their JPEGs
+    # are held in the driver's memory meanwhile). 0: never.
     driver_rows: Annotated[int, Field(ge=0, le=4096)] = 256
 
 
