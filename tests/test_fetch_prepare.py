@@ -188,20 +188,25 @@ def _outcome(df):
             for r in df.collect()}
 
 
+def _refused_by_hash(spark, server, tmp_path):
+    """_frame's rows, the row "refused" fetching other.jpg, whose bytes' hash a takedown
+    names (no key or URL gives it away); the fetch settings and sources to run them."""
+    server.files["other.jpg"] = jpeg_bytes((20, 20), color=(1, 2, 3))
+    df = _frame(spark, server, tmp_path).withColumn(
+        "image_ref", F.when(F.col("sample_id") == "refused",
+                            F.lit(f"{server.url}/img/other.jpg")).otherwise(F.col("image_ref")))
+    refused = _refused(spark, [sha(server.files["other.jpg"])])
+    return (df, refused, FetchConfig(retries=0, allow_networks=LOOPBACK),
+            [WEB.model_copy(update={"allow_local": True})])
+
+
 def test_one_udf_ends_as_the_two_did_and_refuses_by_hash_after_preparing(
         spark, server, tmp_path):
     from etl.transforms.bronze import refuse_taken_down
     from etl.transforms.fetch import fetch_images
     from etl.transforms.prepare import fetch_and_prepare, prepare_images, prepared_outcomes
 
-    # A takedown names the hash of other.jpg's bytes (which no key or URL gives away).
-    server.files["other.jpg"] = jpeg_bytes((20, 20), color=(1, 2, 3))
-    df = _frame(spark, server, tmp_path).withColumn(
-        "image_ref", F.when(F.col("sample_id") == "refused",
-                            F.lit(f"{server.url}/img/other.jpg")).otherwise(F.col("image_ref")))
-    refused = _refused(spark, [sha(server.files["other.jpg"])])
-    opts = FetchConfig(retries=0, allow_networks=LOOPBACK)
-    sources = [WEB.model_copy(update={"allow_local": True})]
+    df, refused, opts, sources = _refused_by_hash(spark, server, tmp_path)
 
     fused = fetch_and_prepare(df, opts, sources, PREPARE)
     assert "image_bytes" not in fused.columns
@@ -246,13 +251,7 @@ def test_on_the_driver_the_same_rows_come_out_with_no_python_udf_in_the_plan(
     import etl.transforms.prepare as prep
     from etl.transforms.bronze import refuse_taken_down
 
-    server.files["other.jpg"] = jpeg_bytes((20, 20), color=(1, 2, 3))
-    df = _frame(spark, server, tmp_path).withColumn(
-        "image_ref", F.when(F.col("sample_id") == "refused",
-                            F.lit(f"{server.url}/img/other.jpg")).otherwise(F.col("image_ref")))
-    refused = _refused(spark, [sha(server.files["other.jpg"])])
-    opts = FetchConfig(retries=0, allow_networks=LOOPBACK)
-    sources = [WEB.model_copy(update={"allow_local": True})]
+    df, refused, opts, sources = _refused_by_hash(spark, server, tmp_path)
 
     def final(on_driver):
         return prep.prepared_outcomes(refuse_taken_down(

@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from etl.runtime.lock import pid_alive
+
 log = logging.getLogger(__name__)
 
 __all__ = ["DriverJvm", "archive_key", "driver_jvm", "starts_own_jvm"]
@@ -143,15 +145,7 @@ def _stale(lock: Path) -> bool:
         age = time.time() - lock.stat().st_mtime
     except (OSError, ValueError):
         return True
-    if age > _STALE_LOCK_S:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
+    return pid <= 0 or age > _STALE_LOCK_S or not pid_alive(pid)
 
 
 def _prune(folder: Path, key: str) -> None:

@@ -32,7 +32,7 @@ from urllib.parse import urlparse
 
 from etl.errors import ConfigError, RunLockedError
 
-__all__ = ["RunLockedError", "LockInfo", "RunLock"]
+__all__ = ["RunLockedError", "LockInfo", "RunLock", "pid_alive"]
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,8 @@ def _proc_start(pid: int) -> int | None:
     return int(stat.rsplit(")", 1)[1].split()[19])
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid runs on this host (one we may not signal does)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -267,7 +268,7 @@ class RunLock:
     def is_stale(self, info: LockInfo, now: float | None = None) -> bool:
         now = time.time() if now is None else now
         if info.host == self.host and info.pid > 0:
-            if not _pid_alive(info.pid):
+            if not pid_alive(info.pid):
                 return True
             if info.pid_start is not None and _proc_start(info.pid) not in (None,
                                                                            info.pid_start):
