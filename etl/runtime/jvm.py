@@ -30,6 +30,7 @@ import hashlib
 import logging
 import os
 import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,7 +113,7 @@ class DriverJvm:
                     proc.stdin.close()  # the gateway exits when its stdin closes
                 try:
                     rc = proc.wait(timeout=_DUMP_WAIT_S)
-                except Exception:  # noqa: BLE001 -- still dumping: left for no one
+                except subprocess.TimeoutExpired:  # still dumping: published by no one
                     rc = None
                 if rc == 0 and self.dump.exists() and self.dump.stat().st_size > 0:
                     os.replace(self.dump, self.archive)
