@@ -16,14 +16,16 @@ fragment and Delta data file (:mod:`etl.lakehouse.counts`), the dedup run's reco
 stats, histograms from up to ``run.report_max_rows`` rows sampled by pylance, images only
 for the sheets; Spark only where delta-rs cannot read a table or the dedup stats are
 stale, so a report over tables the driver can read starts no Spark job --,
-:mod:`etl.report.figures` draws, :mod:`etl.report.html` writes the page.
+:mod:`etl.report.figures` draws the charts (matplotlib) and :mod:`etl.report.sheets`
+composes the contact sheets (Pillow), :mod:`etl.report.html` writes the page.
 :mod:`etl.report.layout` owns the report's files, and :func:`scrub_reports` takes
 samples out of written reports (`forget`).
 
 Text from sources (captions, keys, reasons) is data: figures draw it as plain text
-(matplotlib's math text and TeX off, so ``Earn $100 … $5`` is not parsed as math) and
-the HTML escapes it; a label is cut to :data:`LABEL_CHARS` characters, so a long
-caption never swells the report.
+(matplotlib's math text and TeX off, so ``Earn $100 … $5`` is not parsed as math; the
+sheets' labels drawn by Pillow's ImageDraw, which parses nothing) and the HTML escapes
+it; a label is cut to :data:`LABEL_CHARS` characters, so a long caption never swells
+the report.
 """
 
 from __future__ import annotations
