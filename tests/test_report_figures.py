@@ -145,6 +145,21 @@ def test_labels_are_plain_text_wrapped_and_cut_to_their_cell(tmp_path):
     assert inside > 0 and outside == 0
 
 
+def test_any_text_a_source_holds_is_drawn_without_failing_the_sheet(tmp_path):
+    """Control characters, NUL, line and paragraph separators (which libraqm's shaping
+    refuses), bidi overrides, emoji, CJK, right-to-left, combining marks, a lone
+    surrogate: each label is drawn, the sheet is made."""
+    os.makedirs(tmp_path / "thumbs")
+    labels = ["nul\x00byte \x05\x16 ctl", "x\u2028y\u2029z\x85w\x1c\x1d\x1e",
+              "\u202e reversed \u202c", "emoji \U0001F600 \u4e2d\u6587 \u05e2\u05d1",
+              "e\u0301\u0301\u0301", "\ud800 lone \ufeff\uffff", HOSTILE]
+    rows = [_row(i, label=label)[0] for i, label in enumerate(labels)]
+    im = np.asarray(sheets.sheet(sheets.thumbnails(rows, str(tmp_path)), "t"))
+    cell = im.shape[1] // 6
+    for i in range(6):  # every label of the first row inked its cell
+        assert _ink(im[30:130, i * cell:(i + 1) * cell]) > 0, labels[i]
+
+
 def test_a_clusters_sheet_is_a_row_per_cluster_canonical_first(tmp_path):
     os.makedirs(tmp_path / "thumbs")
     clusters, colors = [], []

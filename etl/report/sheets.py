@@ -41,11 +41,14 @@ PNG_LEVEL = 1
 
 @functools.lru_cache(maxsize=4)
 def _font(px: int) -> ImageFont.FreeTypeFont:
-    """DejaVu Sans, as matplotlib ships it (its data folder; pyplot is not imported)."""
+    """DejaVu Sans, as matplotlib ships it (its data folder; pyplot is not imported),
+    laid out glyph by glyph as matplotlib does: Pillow's basic layout, not libraqm,
+    whose shaping fails on some text (a line separator, U+2028) and would fail the
+    report."""
     import matplotlib
 
     path = os.path.join(matplotlib.get_data_path(), "fonts", "ttf", "DejaVuSans.ttf")
-    return ImageFont.truetype(path, px)
+    return ImageFont.truetype(path, px, layout_engine=ImageFont.Layout.BASIC)
 
 
 @dataclass(frozen=True)
