@@ -140,7 +140,8 @@ out = _outcome(cfg)
 from etl.report import write_report
 t = time.perf_counter()
 write_report(None, cfg, out, {out_dir!r})
-print(json.dumps({{"write_report": time.perf_counter() - t}}))
+print(json.dumps({{"write_report": time.perf_counter() - t,
+                  "figures": sys.modules["etl.report.figures"].__file__}}))
 """
 
 
@@ -157,7 +158,9 @@ def whole(conf: str, base: str, repeat: int) -> None:
                                  text=True)
             if res.returncode:
                 raise SystemExit(f"{name}: write_report failed:\n{res.stderr[-3000:]}")
-            times[name].append(json.loads(res.stdout.strip().splitlines()[-1])["write_report"])
+            got = json.loads(res.stdout.strip().splitlines()[-1])
+            assert (got["figures"] == path) == bool(path), got  # the base's module, or ours
+            times[name].append(got["write_report"])
     print(f"write_report in a fresh process (after a run's imports), {repeat} alternating "
           "tries each")
     for name, ts in times.items():
