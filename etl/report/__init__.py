@@ -4,12 +4,13 @@ What it shows: whether the run failed, where and why (a stage over its failure b
 this run's accounting (seen / accepted / rejected / internal errors / flagged /
 removed per source) and stage timings; the corpus as the run left it -- rows per source
 and status (internal errors apart from rejects), reject and filter reasons, resolution and
-aspect-ratio histograms, caption length per caption version (every ``caption*`` string
-column of the curated table), duplicates as the Delta ``dedup`` table records them
+aspect-ratio histograms, caption length per caption version (the source caption and
+the caption column of each version the caption stage wrote; not their provenance
+columns), duplicates as the Delta ``dedup`` table records them
 (clusters, exact and near duplicates and their rates per source, whether it covers the
 curated table's rows) with a contact sheet of the largest clusters, canonical member
-first; and contact sheets of random kept images with their captions and of flagged
-images with their reasons.
+first; and contact sheets of random kept images with their captions (the newest caption
+version's, else the source's) and of flagged images with their reasons.
 
 Three parts: :mod:`etl.report.data` reads the tables -- corpus-wide counts kept per Lance
 fragment and Delta data file (:mod:`etl.lakehouse.counts`), the dedup run's recorded

@@ -21,13 +21,14 @@ import numpy as np
 import pandas as pd
 
 from etl import storage, tables
+from etl.columns import caption_columns
 from etl.config import Config
 from etl.lakehouse.counts import delta_counts, lance_counts
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 from udfs.outcomes import INTERNAL_ERROR
 
-__all__ = ["ReportData", "DedupSummary", "read_report", "caption_versions", "dedup_summary",
-           "largest_clusters", "LABEL_CHARS", "STATUSES"]
+__all__ = ["ReportData", "DedupSummary", "read_report", "caption_versions", "sheet_caption",
+           "dedup_summary", "largest_clusters", "LABEL_CHARS", "SOURCE_CAPTION", "STATUSES"]
 
 _META = ["sample_id", "source", "width", "height", "aspect_ratio", "keep", "filter_reason",
          "image_sha256", "dhash"]
@@ -35,6 +36,8 @@ _META = ["sample_id", "source", "width", "height", "aspect_ratio", "keep", "filt
 _STATUS_COLUMNS = ("source", "keep", "filter_reason")
 _REJECT_COLUMNS = ("source", "reason")
 STATUSES = ("kept", "flagged", "rejected", "errors")
+# The caption a source gave (etl.schema's curated table), the first caption version.
+SOURCE_CAPTION = "caption_original"
 # The longest text a label shows (a caption on a contact sheet).
 LABEL_CHARS = 300
 # Clusters on the duplicates' contact sheet, and members shown per cluster.
@@ -44,12 +47,36 @@ _SHEET_COLUMNS = ["dup_cluster_id", "sample_id", "source", "dup_kind", "is_canon
                   "cluster_size"]
 
 
+def _version_text(name: str, names: set[str]) -> bool:
+    """Whether column `name` is the caption of a version the caption stage wrote: for
+    some version ``v`` (a suffix of `name` after an ``_``) it is the caption column of
+    :func:`etl.columns.caption_columns` ``(v)`` (its first) and the table holds all of
+    that version's columns -- so ``caption_v_params`` is provenance, not a version ``v_params``."""
+    for i, ch in enumerate(name):
+        if ch == "_":
+            columns = caption_columns(name[i + 1:])
+            if next(iter(columns)) == name and names.issuperset(columns):
+                return True
+    return False
+
+
 def caption_versions(schema) -> list[str]:
-    """The caption versions of the curated table: its string columns named caption*."""
+    """The caption versions of the curated table, oldest first: the source caption
+    (:data:`SOURCE_CAPTION`), then the caption column of each version the caption stage
+    wrote, in the table's column order (a version's columns are appended when it is first
+    written) -- never its provenance columns (status, error, flags, model, params...)."""
     import pyarrow as pa
 
-    return [f.name for f in schema if f.name.startswith("caption")
-            and (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))]
+    names = set(schema.names)
+    return [f.name for f in schema
+            if (pa.types.is_string(f.type) or pa.types.is_large_string(f.type))
+            and (f.name == SOURCE_CAPTION or _version_text(f.name, names))]
+
+
+def sheet_caption(versions: list[str]) -> str | None:
+    """The caption the kept images' contact sheet shows: the newest caption version's,
+    else the source caption (None without either)."""
+    return versions[-1] if versions else None
 
 
 def _shown(text: str) -> str:
@@ -335,7 +362,7 @@ class ReportData:
     status: pd.DataFrame  # per source: kept, flagged, rejected, errors, total
     reasons: pd.DataFrame  # kind, reason, count
     meta: pd.DataFrame  # metadata columns of (a sample of) the curated rows
-    versions: list[str]  # caption versions
+    versions: list[str]  # caption versions (caption_versions): source first, newest last
     sampled: bool
     dedup: DedupSummary | None
     kept: list[dict]  # contact sheet rows (with their image bytes)
@@ -348,7 +375,8 @@ class ReportData:
 
     @property
     def caption_col(self) -> str | None:
-        return self.versions[-1] if self.versions else None
+        """The caption version the kept images' sheet is labelled with."""
+        return sheet_caption(self.versions)
 
 
 def read_report(spark, cfg: Config, outcome: Any) -> ReportData:
@@ -365,7 +393,7 @@ def read_report(spark, cfg: Config, outcome: Any) -> ReportData:
     dedup = dedup_summary(spark, cfg, ds.version if ds is not None else None)
     seed = int(hashlib.sha256(outcome.run_id.encode()).hexdigest()[:8], 16)
     n = cfg.run.report_samples
-    caption_col = versions[-1] if versions else None
+    caption_col = sheet_caption(versions)
     kept = flagged = []
     if ds is not None and n:
         kept = contact_rows(ds, meta, caption_col, n, seed, True)

@@ -8,7 +8,7 @@ import html
 
 import pandas as pd
 
-from etl.report.data import ReportData
+from etl.report.data import SOURCE_CAPTION, ReportData
 from etl.report.figures import Drawn
 
 __all__ = ["page", "dedup_json"]
@@ -127,6 +127,14 @@ def _head(data: ReportData) -> list[str]:
     ]
 
 
+def _sheet_caption(caption_col: str | None) -> str:
+    """Which captions the kept sheet's labels are (:attr:`ReportData.caption_col`)."""
+    if caption_col is None:
+        return "captions (none in the table)"
+    which = "the source's" if caption_col == SOURCE_CAPTION else "the newest caption version"
+    return f"captions: {html.escape(caption_col)} ({which})"
+
+
 def page(data: ReportData, drawn: Drawn) -> str:
     """index.html of the report."""
     caption_col = data.caption_col
@@ -150,8 +158,8 @@ def page(data: ReportData, drawn: Drawn) -> str:
         _fig(drawn, "captions", "caption lengths"),
         "<h2>Duplicates (Delta dedup table)</h2>",
         *_dedup_part(data, drawn),
-        f"<h2>Random kept images ({len(drawn.kept)}) with their "
-        f"{html.escape(caption_col or 'captions')}</h2>",
+        f"<h2>Random kept images ({len(drawn.kept)}) with their {_sheet_caption(caption_col)}"
+        "</h2>",
         _sheet_html(drawn.kept),
         f"<h2>Flagged images ({len(drawn.flagged)}) with their reasons</h2>",
         _sheet_html(drawn.flagged),
