@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -357,7 +358,7 @@ def test_an_increment_is_written_whole_past_its_share_partition_count_or_ids():
     """Why an incremental export rewrites everything instead (the manifest's
     ``increment.reason``): more than half its rows to write, more than 4x the configured
     partitions, or partition ids past part-99999; otherwise only what changed."""
-    from etl.writers.mds import _rewrite_reason
+    from etl.writers.mds.increment import _rewrite_reason
 
     def reason(to_write, total=100, parts_after=8, next_id=9):
         return _rewrite_reason(to_write, total, parts_after=parts_after, next_id=next_id,
@@ -370,3 +371,65 @@ def test_an_increment_is_written_whole_past_its_share_partition_count_or_ids():
     assert reason(10, next_id=99_999) == "only what changed"
     assert reason(10, next_id=100_000) == "partition ids exhausted"
     assert reason(60, parts_after=40, next_id=100_000).startswith("60 of 100")  # share first
+
+
+def test_rows_the_driver_holds_export_as_spark_exports_them(spark, tmp_path, monkeypatch):
+    """`held` rows (local data the driver read): the diff is made on the driver and a
+    small write too, by the tasks' own partition writer in this process. Export after
+    export -- a first one, rows joining, a row leaving and one changing, aspect-ratio
+    buckets -- the files and manifest are byte for byte Spark's; past DRIVER_WRITE_ROWS
+    the driver's plan is written by Spark tasks, again with the same bytes."""
+    from etl.config import BucketSpec
+    from etl.writers import mds
+    from etl.writers.mds import task as task_mod
+
+    written_here = []
+    real = task_mod._write_partition
+
+    def spy(task, batches, index, attempt_id):  # counts the writes made in this process
+        written_here.append(task.part_offset + index)
+        return real(task, batches, index, attempt_id)
+
+    monkeypatch.setattr(task_mod, "_write_partition", spy)
+    rows = {f"id{i:03d}": (f"caption {i}", i) for i in range(40)}
+    sizes = {sid: (16 + 9 * (i % 3), 16) for i, sid in enumerate(rows)}
+
+    def frame():
+        data = [(jpeg_bytes(sizes.get(sid, (16, 16)), color=(c, 10, 10)), cap, sid, "s",
+                 *sizes.get(sid, (16, 16)), 16, 16, str(c)) for sid, (cap, c) in rows.items()]
+        return spark.createDataFrame(data, (
+            "image binary, caption string, sample_id string, source string, width int, "
+            "height int, original_width int, original_height int, _identity string"))
+
+    def export(out, version, held, buckets=None):
+        return export_mds(frame(), str(tmp_path / out), partitions=4, size_limit=1 << 12,
+                          compression=None, hashes=(), incremental=True, identity="_identity",
+                          manifest={"name": "exp"}, lineage={"table_version": version},
+                          buckets=buckets, held=held)
+
+    buckets = BucketSpec(base_resolution=256, patch_size=32)
+    steps = [lambda: None, lambda: rows.update({"id900": ("new", 200), "id901": ("x", 201)}),
+             lambda: (rows.pop("id001"), rows.update({"id002": ("longer caption", 2)}))]
+    for version, step in enumerate(steps):
+        step()
+        for spec, name in ((None, "plain"), (buckets, "buckets")):
+            written_here.clear()
+            spark_side = export(f"spark-{name}", version, held=False, buckets=spec)
+            assert written_here == []  # Spark's tasks wrote it
+            here = export(f"held-{name}", version, held=True, buckets=spec)
+            assert written_here and sorted(written_here) == written_here
+            assert here == replace(spark_side, path=here.path)
+            assert _files(str(tmp_path / f"held-{name}")) == \
+                _files(str(tmp_path / f"spark-{name}"))
+    increment = json.load(open(tmp_path / "held-plain" / "manifest.json"))["increment"]
+    assert (increment["added"], increment["departed"], increment["changed"]) == (0, 1, 1)
+    assert {s["sample_id"] for s in read_all(str(tmp_path / "held-plain"))} == set(rows)
+
+    # Too many rows for the driver to write: its plan, written by Spark's tasks.
+    monkeypatch.setattr(mds, "DRIVER_WRITE_ROWS", 0)
+    rows.update({f"id{i}": ("more", i) for i in range(950, 955)})
+    written_here.clear()
+    spark_side = export("spark-plain", 3, held=False)
+    here = export("held-plain", 3, held=True)
+    assert written_here == [] and here == replace(spark_side, path=here.path)
+    assert _files(str(tmp_path / "held-plain")) == _files(str(tmp_path / "spark-plain"))

@@ -33,7 +33,15 @@ from etl.transforms.export import (
     latent_export_columns,
 )
 from etl.writers.lance import ROW_ADDRESS, read_local
-from etl.writers.mds import BlobSource, ExportResult, export_mds, mds_encoding, read_manifest
+from etl.writers.mds import (
+    DRIVER_WRITE_ROWS,
+    BlobSource,
+    ExportResult,
+    export_mds,
+    mds_encoding,
+    read_manifest,
+    warm_writer,
+)
 
 __all__ = ["export", "stage"]
 
@@ -121,11 +129,11 @@ def _latents(name: str, exp, table, mapping: dict) -> dict[str, str]:
 
 
 def _read_curated(spark: SparkSession, curated_path: str, version: int, columns: list[str],
-                  where: str | None, matching: int) -> DataFrame:
+                  where: str | None, held: bool) -> DataFrame:
     """The chosen rows' small columns and row addresses at the pinned version, read once
     (the counts, an incremental export's diff and the write all scan them); up to
-    `DRIVER_IDS` of them (`matching`) read on the driver, as local data."""
-    if matching <= DRIVER_IDS:
+    `DRIVER_IDS` of them (`held`) read on the driver, as local data."""
+    if held:
         return read_local(spark, curated_path, version, columns, where,
                           row_address=True).persist(StorageLevel.MEMORY_AND_DISK)
     reader = (spark.read.format("lance").option("version", str(version))
@@ -188,6 +196,12 @@ class _Columns:
     fetched: dict[str, str]  # fields whose bytes each task reads from Lance by address
     small: list[str]  # the columns read through Spark
     identity: str | None  # a row's image in an incremental export's diff
+
+    @property
+    def held(self) -> bool:
+        """The rows' small columns are read on the driver (:func:`_read_curated`), and
+        the export's diff and a small write are made there too (`held`)."""
+        return self.matching <= DRIVER_IDS
 
 
 def _columns(name: str, exp, table) -> _Columns:
@@ -256,6 +270,7 @@ def _write(cfg: Config, name: str, exp, cols: _Columns, curated: DataFrame,
         lineage={"table_version": version, "dedup": chosen.dedup,
                  "removals": chosen.removals},
         incremental=exp.incremental, identity="_identity" if cols.identity else None,
+        held=cols.held,
     )
     if result.samples != chosen.expected:
         raise RuntimeError(
@@ -304,8 +319,11 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     quiet = _in_place(cfg, name, memo.export_key(inputs))
     if quiet is not None:
         return quiet
+    if cols.held and (cols.matching <= DRIVER_WRITE_ROWS
+                      or read_manifest(tables.export_path(cfg, name)) is not None):
+        warm_writer()  # a write here is likely (a small export, or an increment)
     curated = _read_curated(spark, tables.layout(cfg).curated, cols.table.version,
-                            cols.small, exp.where, cols.matching)
+                            cols.small, exp.where, cols.held)
     try:
         chosen = _choose_rows(spark, cfg, exp, cols, curated, memo)
         result = _write(cfg, name, exp, cols, curated, chosen)

@@ -36,6 +36,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import MapType
@@ -56,7 +58,20 @@ from etl.writers.mds.commit import (
     merge_partition_indexes,
     open_commit,
 )
-from etl.writers.mds.task import RESULT_DDL, TAKE_ROWS, BlobSource, partition_writer
+from etl.writers.mds.increment import (
+    IncrementPlan,
+    ids_location,
+    plan_increment,
+    plan_increment_local,
+)
+from etl.writers.mds.task import (
+    RESULT_DDL,
+    TAKE_ROWS,
+    BlobSource,
+    partition_writer,
+    warm_writer,
+    write_here,
+)
 
 __all__ = [
     "BlobSource",
@@ -65,8 +80,11 @@ __all__ = [
     "mds_encoding",
     "export_key",
     "export_mds",
+    "DRIVER_WRITE_ROWS",
+    "warm_writer",
     "plan_increment",
     "IncrementPlan",
+    "ids_location",
     "row_fingerprint",
     "read_manifest",
     "merge_partition_indexes",
@@ -76,6 +94,14 @@ __all__ = [
     "NOT_CHECKSUMMED",
     "combine_digests",
 ]
+
+
+# An export of rows the driver holds (`held`) is written by the driver when it writes
+# at most this many rows (a night's increment: a few new rows into one new partition);
+# more are written by Spark tasks, one per partition, in parallel. A row costs the
+# driver its image taken from Lance and its sample encoded (~1 ms for a 0.5 MP JPEG);
+# a Spark write costs its job, a Python worker per slot and streaming's import in each.
+DRIVER_WRITE_ROWS = 1024
 
 
 def read_manifest(out_dir: str) -> dict | None:
@@ -101,6 +127,7 @@ def export_mds(
     encodings: dict[str, str] | None = None,
     incremental: bool = False,
     identity: str | None = None,
+    held: bool = False,
 ) -> ExportResult:
     """Write `rows` as an MDS export at `out_dir`: every column of `rows`, encoded by
     its Spark type (`image` as pass-through JPEG). `manifest` adds the caller's
@@ -121,7 +148,13 @@ def export_mds(
     which is not written); when only the lineage changed since the export in place,
     the rows are diffed against those, the partitions that still hold exactly their
     rows are kept, and only rows that joined, plus the rows of partitions that lost or
-    changed a row, are written, as new partitions (:func:`plan_increment`)."""
+    changed a row, are written, as new partitions (:func:`plan_increment`).
+
+    `held`: `rows` are a few the driver holds (local data, e.g. read by the driver):
+    they are collected once, the increment is planned here (:func:`plan_increment_local`)
+    and, when at most :data:`DRIVER_WRITE_ROWS` rows are to be written, the partitions
+    are written here too (:func:`etl.writers.mds.task.write_here`), spread and ordered
+    as Spark would (same partitions, same order, same bytes); no Python worker starts."""
     _check_rows(rows, blobs, buckets)
     columns = _mds_columns(rows, blobs, encodings or {}, identity)
     base = _writer_settings(
@@ -144,20 +177,25 @@ def export_mds(
         rows = rows.withColumn("_fp", row_fingerprint(rows, exclude=("_rowaddr",)))
     if identity is not None:
         rows = rows.drop(identity)
+    local = _collect(rows, seed, name) if held else None
     plan = None
     if incremental and current is not None and current.get("base_key") == settings["base_key"]:
         with _job(rows, f"diff {name} with the export in place"):
-            plan = plan_increment(rows, current, out_dir, partitions)
+            plan = (plan_increment(rows, current, out_dir, partitions) if local is None
+                    else plan_increment_local(local, current, out_dir, partitions))
     if plan is not None:
         settings["increment"] = plan.summary()
-    todo = _WriteSet.of(rows, partitions, plan)
+    todo = _WriteSet.of(rows if local is None else local, partitions, plan)
     write = partition_writer(
         staging=commit.staging, remote=commit.remote, key=key, columns=columns,
         size_limit=size_limit, compression=compression, hashes=hashes, blobs=blobs,
         buckets=buckets, quality=jpeg_quality, part_offset=todo.offset, keep_ids=incremental,
     )
+    here = isinstance(todo.rows, pa.Table) and todo.rows.num_rows <= DRIVER_WRITE_ROWS
+    if isinstance(todo.rows, pa.Table) and not here:  # too many for the driver to write
+        todo = todo.as_frame(rows)
     results = _write_partitions(todo, write, seed=seed, small_rows=blobs is not None,
-                                name=name)
+                                name=name, spark=rows.sparkSession, here=here)
     final = commit.commit(results, settings, bucketed=buckets is not None, kept=todo.kept)
     resumed = sum(1 for r in results if r["resumed"])
     return ExportResult.from_manifest(out_dir, final, resumed=resumed, kept=len(todo.kept))
@@ -222,6 +260,9 @@ def _job(rows: DataFrame, step: str) -> Iterator[None]:
         sc.setJobDescription(None)
 
 
+_BATCH_ROWS = "spark.sql.execution.arrow.maxRecordsPerBatch"
+
+
 @contextmanager
 def _write_conf(spark: SparkSession, rows: int | None) -> Iterator[None]:
     """Inside: Spark's Arrow batch size set to `rows` (unchanged with None), and adaptive
@@ -233,7 +274,7 @@ def _write_conf(spark: SparkSession, rows: int | None) -> Iterator[None]:
     settings = {"spark.sql.adaptive.coalescePartitions.enabled": "false",
                 "spark.sql.adaptive.localShuffleReader.enabled": "false"}
     if rows is not None:
-        settings["spark.sql.execution.arrow.maxRecordsPerBatch"] = str(rows)
+        settings[_BATCH_ROWS] = str(rows)
     before = {k: spark.conf.get(k, None) for k in settings}
     for k, v in settings.items():
         spark.conf.set(k, v)
@@ -252,33 +293,60 @@ class _WriteSet:
     """What an export writes: `rows` into `parts` partitions numbered from `offset`,
     next to the `kept` partitions of the export in place (an incremental export)."""
 
-    rows: DataFrame
+    rows: DataFrame | pa.Table  # an Arrow table: rows the driver holds (_collect)
     parts: int
     offset: int = 0
     kept: list[dict] = field(default_factory=list)
 
     @classmethod
-    def of(cls, rows: DataFrame, partitions: int, plan: IncrementPlan | None) -> _WriteSet:
+    def of(cls, rows: DataFrame | pa.Table, partitions: int, plan: IncrementPlan | None
+           ) -> _WriteSet:
         if plan is None or not plan.incremental:
             return cls(rows, partitions)
         return cls(plan.rows, plan.new_parts, plan.offset, plan.kept)
 
+    def as_frame(self, like: DataFrame) -> _WriteSet:
+        """Held rows handed back to Spark (local data, `like`'s schema)."""
+        table = self.rows.drop_columns([_PART_HASH, _ORDER])
+        frame = like.sparkSession.createDataFrame(table, schema=like.schema)
+        return _WriteSet(frame, self.parts, self.offset, self.kept)
 
-def _write_partitions(todo: _WriteSet, write, *, seed: int, small_rows: bool, name: str
-                      ) -> list[dict]:
+
+# The columns _collect adds: Spark's hash partitioning of sample_id (Murmur3, as
+# `repartition(n, "sample_id")` computes it) and the seeded order within a partition.
+_PART_HASH, _ORDER = "_part_hash", "_order"
+
+
+def _order_key(seed: int) -> Column:
+    return F.xxhash64("sample_id", F.lit(seed))
+
+
+def _collect(rows: DataFrame, seed: int, name: str) -> pa.Table:
+    """Rows the driver holds, collected once, with what spreads and orders them."""
+    with _job(rows, f"collect {name}'s rows on the driver"):
+        return rows.select("*", F.hash("sample_id").alias(_PART_HASH),
+                           _order_key(seed).alias(_ORDER)).toArrow()
+
+
+def _write_partitions(todo: _WriteSet, write, *, seed: int, small_rows: bool, name: str,
+                      spark: SparkSession, here: bool = False) -> list[dict]:
     """Spread and order the rows, run `write` (:func:`partition_writer`) on every
     partition and return the tasks' reports in partition order, checked to be exactly
     the partitions asked for. With `small_rows` (blobs are taken by the tasks), Arrow
-    batches are large: the task takes the blobs in slices."""
+    batches are large: the task takes the blobs in slices. `here`: held rows (an Arrow
+    table), spread, ordered and written by this process (:func:`_spread_here`)."""
     results: list[dict] = []
-    if todo.parts:
+    batch_rows = TAKE_ROWS * 8 if small_rows else None
+    if todo.parts and here:
+        batch_rows = batch_rows or int(spark.conf.get(_BATCH_ROWS, "10000"))
+        results = sorted(write_here(write, _spread_here(todo, batch_rows)),
+                         key=lambda r: r["partition"])
+    elif todo.parts:
         ordered = (
             todo.rows.repartition(todo.parts, "sample_id")
-            .sortWithinPartitions(F.xxhash64("sample_id", F.lit(seed)), "sample_id")
+            .sortWithinPartitions(_order_key(seed), "sample_id")
         )
-        spark = todo.rows.sparkSession
-        with _job(todo.rows, f"write MDS {name}"), \
-                _write_conf(spark, TAKE_ROWS * 8 if small_rows else None):
+        with _job(todo.rows, f"write MDS {name}"), _write_conf(spark, batch_rows):
             results = sorted(
                 (r.asDict() for r in ordered.mapInArrow(write, RESULT_DDL).collect()),
                 key=lambda r: r["partition"],
@@ -287,6 +355,22 @@ def _write_partitions(todo: _WriteSet, write, *, seed: int, small_rows: bool, na
     if reported != list(range(todo.offset, todo.offset + todo.parts)):
         raise RuntimeError(f"export {name}: tasks reported partitions {reported}")
     return results
+
+
+def _spread_here(todo: _WriteSet, batch_rows: int) -> list[list[pa.RecordBatch]]:
+    """Held rows as Spark's write spreads and orders them: partition i holds the rows
+    whose Murmur3 hash of sample_id is i modulo the partitions (Spark's ``pmod``),
+    ordered by the seeded hash, then sample_id; in batches of the size the tasks get."""
+    table = todo.rows
+    part = np.mod(table[_PART_HASH].to_numpy(zero_copy_only=False).astype(np.int64),
+                  todo.parts)
+    spread = []
+    for i in range(todo.parts):
+        rows = (table.take(pa.array(np.flatnonzero(part == i)))
+                .sort_by([(_ORDER, "ascending"), ("sample_id", "ascending")])
+                .drop_columns([_PART_HASH, _ORDER]).combine_chunks())
+        spread.append(rows.to_batches(max_chunksize=batch_rows))
+    return spread
 
 
 def row_fingerprint(rows: DataFrame, exclude: tuple[str, ...] = ()) -> Column:
@@ -299,135 +383,3 @@ def row_fingerprint(rows: DataFrame, exclude: tuple[str, ...] = ()) -> Column:
         col = F.col(f.name)
         cols.append(F.to_json(col) if isinstance(f.dataType, MapType) else col)
     return F.xxhash64(F.lit("lakeshard-export-row"), *cols)
-
-
-# An incremental export rewrites the whole export instead when it would write more than
-# this share of its rows, or when it would be made of more than this many times the
-# configured number of partitions (every night adds one: the rewrite compacts them).
-REWRITE_SHARE = 0.5
-MAX_PARTS_FACTOR = 4
-_MAX_PART_ID = 99_999  # part-NNNNN
-
-
-@dataclass
-class IncrementPlan:
-    """What an incremental export writes and keeps (:func:`plan_increment`)."""
-
-    rows: DataFrame  # the rows to write: joined, plus those of rewritten partitions
-    kept: list[dict]  # the `parts` records of partitions kept as they are
-    new_parts: int  # partitions to write the rows into
-    offset: int  # the first new partition's id
-    added: int
-    departed: int
-    changed: int
-    rewritten: list[int]  # ids of partitions that lost or changed a row
-    to_write: int
-    incremental: bool  # False: a full rewrite is cheaper or due
-    reason: str
-
-    def summary(self) -> dict:
-        return {
-            "mode": "incremental" if self.incremental else "rewrite", "reason": self.reason,
-            "added": self.added, "departed": self.departed, "changed": self.changed,
-            "rewritten_parts": self.rewritten, "written_samples":
-            self.to_write if self.incremental else None,
-            "kept_parts": [p["partition"] for p in self.kept] if self.incremental else [],
-        }
-
-
-def ids_location(out_dir: str, record: dict) -> str:
-    """Where a partition's :data:`PART_IDS` is (``prefix`` on S3, ``dir`` locally)."""
-    where = record.get("prefix") or record["dir"]
-    return f"{out_dir.rstrip('/')}/{where}/{PART_IDS}"
-
-
-def plan_increment(rows: DataFrame, current: dict, out_dir: str, partitions: int
-                   ) -> IncrementPlan | None:
-    """Diff `rows` (with ``_fp``) against the partitions of the export in place (their
-    :data:`PART_IDS`), and decide what to write. None when the export in place keeps
-    no ids (written before incremental exports, or with `incremental` off).
-
-    A row that joined the selection goes to a new partition; a partition that lost a
-    row (removed, taken down, now a duplicate) or holds a row whose fingerprint changed
-    is written again, as a new partition, from the current rows; every other partition
-    is kept. MDS shards are immutable and a reader takes the whole shard, so a
-    partition is the smallest unit that can be replaced without rewriting others."""
-    parts = current.get("parts")
-    if not parts:
-        return None
-    old = _exported_ids(rows.sparkSession, out_dir, parts)
-    counts, rewritten = _diff_counts(rows, old)
-    by_id = {p["partition"]: p for p in parts}
-    unknown = rewritten - set(by_id)
-    if unknown or None in rewritten:
-        raise RuntimeError(f"export ids name partitions {sorted(unknown)} the manifest lacks")
-    kept = [p for p in parts if p["partition"] not in rewritten]
-    total = current["samples"] + counts["added"] - counts["departed"]
-    to_write = counts["added"] + sum(by_id[i]["samples"] for i in rewritten) - counts["departed"]
-    per_part = max(1, -(-max(total, 1) // partitions))
-    new_parts = -(-to_write // per_part) if to_write else 0
-    offset = max(by_id) + 1
-    reason = _rewrite_reason(to_write, total, parts_after=len(kept) + new_parts,
-                             next_id=offset + new_parts, partitions=partitions)
-    incremental = reason == _ONLY_CHANGES
-    write = rows
-    if incremental and to_write:
-        write = (rows.join(old.select("sample_id", "_part"), "sample_id", "left")
-                 .where(F.col("_part").isNull() | F.col("_part").isin(sorted(rewritten)))
-                 .drop("_part"))
-    return IncrementPlan(
-        rows=write, kept=kept, new_parts=new_parts, offset=offset, added=counts["added"],
-        departed=counts["departed"], changed=counts["changed"], rewritten=sorted(rewritten),
-        to_write=to_write, incremental=incremental, reason=reason,
-    )
-
-
-def _exported_ids(spark: SparkSession, out_dir: str, parts: list[dict]) -> DataFrame:
-    """``sample_id, _old_fp, _part``: every row the export in place holds, with its
-    fingerprint and partition id (from the path of the partition's :data:`PART_IDS`)."""
-    return (
-        spark.read.schema("sample_id string, _fp long")
-        .parquet(*[ids_location(out_dir, p) for p in parts])
-        .select("sample_id", F.col("_fp").alias("_old_fp"),
-                F.regexp_extract(F.input_file_name(), r"part-(\d{5})(-t\d+)?/[^/]*$", 1)
-                .cast("int").alias("_part"))
-    )
-
-
-def _diff_counts(rows: DataFrame, old: DataFrame) -> tuple[dict[str, int], set[int]]:
-    """How many rows were added, departed and changed since the export in place
-    (:func:`_exported_ids`), and the partitions that lost or changed a row."""
-    diff = (
-        rows.select("sample_id", "_fp").join(old, "sample_id", "full_outer")
-        .select(
-            "sample_id", "_part",
-            F.when(F.col("_old_fp").isNull(), "added")
-            .when(F.col("_fp").isNull(), "departed")
-            .when(F.col("_fp") != F.col("_old_fp"), "changed")
-            .alias("_change"))
-        .where(F.col("_change").isNotNull())
-    )
-    counts = {"added": 0, "departed": 0, "changed": 0}
-    rewritten: set[int] = set()
-    for r in diff.groupBy("_change", "_part").count().collect():
-        counts[r["_change"]] += r["count"]
-        if r["_change"] != "added":
-            rewritten.add(r["_part"])
-    return counts, rewritten
-
-
-_ONLY_CHANGES = "only what changed"
-
-
-def _rewrite_reason(to_write: int, total: int, *, parts_after: int, next_id: int,
-                    partitions: int) -> str:
-    """Why the whole export is written again instead (:data:`REWRITE_SHARE`,
-    :data:`MAX_PARTS_FACTOR`, ids exhausted), or :data:`_ONLY_CHANGES`."""
-    if to_write > REWRITE_SHARE * total:
-        return f"{to_write} of {total} rows to write (> {REWRITE_SHARE:.0%})"
-    if parts_after > MAX_PARTS_FACTOR * partitions:
-        return (f"{parts_after} partitions (> {MAX_PARTS_FACTOR} x "
-                f"{partitions}): rewritten to compact them")
-    if next_id > _MAX_PART_ID:
-        return "partition ids exhausted"
-    return _ONLY_CHANGES

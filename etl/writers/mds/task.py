@@ -20,8 +20,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterator, Mapping
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import pyarrow as pa
 
@@ -30,7 +34,8 @@ from etl.runtime.faults import fault_point
 from etl.writers.mds.buckets import BucketRouter
 from etl.writers.mds.checksum import PART_IDS, PART_META
 
-__all__ = ["BlobSource", "TAKE_ROWS", "RESULT_DDL", "state_prefix", "partition_writer"]
+__all__ = ["BlobSource", "TAKE_ROWS", "RESULT_DDL", "state_prefix", "partition_writer",
+           "write_here", "warm_writer"]
 
 
 @dataclass(frozen=True)
@@ -105,20 +110,22 @@ def _write_ids(ids: list[pa.RecordBatch], attempt: str, store, prefix: str) -> N
     store.put_bytes(f"{prefix}/{PART_IDS}", sink.getvalue().to_pybytes())
 
 
-# streaming's packages whose __init__ a writing task skips (see _lean_streaming).
+# streaming's packages whose __init__ the MDS writer's import skips (_lean_streaming).
 _BARE_PACKAGES = ("", "base", "base/format", "base/format/base", "base/format/mds")
 
 
 def _lean_streaming() -> None:
-    """Let a task import streaming's MDS writer without running its packages'
+    """Let a process import streaming's MDS writer without running its packages'
     ``__init__`` modules, which import every dataset class and with them transformers,
-    scikit-learn and more: ~5 s in each fresh Python worker on a 2-core machine, against
-    ~1.4 s for the writer's own modules (torch still comes with ``streaming.base.util``).
+    scikit-learn and more: ~5-7 s in a fresh process on a 2-core machine, against ~2 s
+    for the writer's own modules (torch still comes with ``streaming.base.util``).
+
     The packages are registered as bare packages (a path, no code), so the submodules
-    load from the installed files as usual. Only in a Spark task's worker process, which
-    imports nothing else from streaming; a no-op where streaming is already imported."""
+    load from the installed files as usual, and each runs its own ``__init__`` the first
+    time anything else is asked of it (:func:`_init_on_demand`): a later ``from
+    streaming import StreamingDataset`` in the same process (the driver's verify-export,
+    a reader) works as after a plain import. A no-op where streaming is already imported."""
     import importlib.util
-    import sys
     import types
 
     if "streaming" in sys.modules:
@@ -130,9 +137,65 @@ def _lean_streaming() -> None:
     for rel in _BARE_PACKAGES:
         name = ".".join(["streaming", *[p for p in rel.split("/") if p]])
         module = types.ModuleType(name)
-        module.__path__ = [os.path.join(root, *rel.split("/"))]
+        folder = os.path.join(root, *rel.split("/"))
+        module.__path__ = [folder]
         module.__package__ = name
+        module.__file__ = os.path.join(folder, "__init__.py")
+        module.__getattr__ = _init_on_demand(module)
         sys.modules[name] = module
+
+
+def _init_on_demand(package) -> Callable[[str], Any]:
+    """A bare package's module ``__getattr__`` (PEP 562): asked for a name it lacks
+    that is not one of its submodules (those the import system loads as usual), it
+    runs the package's own ``__init__`` in its namespace, once, and answers from it."""
+    folder = package.__path__[0]
+
+    def __getattr__(attr: str) -> Any:
+        submodule = (os.path.isdir(os.path.join(folder, attr))
+                     or os.path.isfile(os.path.join(folder, f"{attr}.py")))
+        if attr.startswith("__") or submodule or "__getattr__" not in package.__dict__:
+            raise AttributeError(f"module {package.__name__!r} has no attribute {attr!r}")
+        del package.__dict__["__getattr__"]
+        with open(package.__file__, "rb") as f:
+            code = compile(f.read(), package.__file__, "exec")
+        exec(code, package.__dict__)  # noqa: S102 -- the installed package's own __init__
+        return getattr(package, attr)
+
+    return __getattr__
+
+
+_warming: threading.Thread | None = None
+
+
+def warm_writer() -> None:
+    """Start importing streaming's MDS writer (and torch with it: ~2-3 s in a fresh
+    process) on a thread of this process, so that it overlaps the Spark jobs the caller
+    runs before a write made here (:func:`write_here`), which waits for it. Once per
+    process; a failed import is left for :func:`write_here` to raise."""
+    global _warming
+    if _warming is not None or "etl.writers.mds.writer" in sys.modules:
+        return
+
+    def load() -> None:
+        try:
+            _lean_streaming()
+            import streaming.base.format.mds.encodings  # noqa: F401
+
+            import etl.writers.mds.writer  # noqa: F401
+        except ImportError:
+            pass
+
+    _warming = threading.Thread(target=load, name="lakeshard-mds-import", daemon=True)
+    _warming.start()
+
+
+def _writer_here() -> None:
+    """Streaming's MDS writer importable in this process: the import :func:`warm_writer`
+    started, finished, or a lean import now."""
+    if _warming is not None:
+        _warming.join()
+    _lean_streaming()
 
 
 def _read_part_meta(path: str) -> dict | None:
@@ -190,9 +253,36 @@ def partition_writer(
     )
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        return _write_partition(task, batches)
+        from pyspark import TaskContext
 
+        from udfs.worker import settle_imports
+
+        ctx = TaskContext.get()
+        _lean_streaming()
+        from etl.writers.mds.writer import PassThroughMDSWriter  # noqa: F401 -- imports torch
+
+        settle_imports()  # streaming imports torch: keep the daemon's per-task GC cheap
+        return _write_partition(task, batches, ctx.partitionId(), ctx.taskAttemptId())
+
+    write.task = task  # what write_here runs the same partition writes with
     return write
+
+
+def write_here(write: Callable, partitions: Iterable[Iterable[pa.RecordBatch]]
+               ) -> list[dict]:
+    """What ``mapInArrow(write, ...)`` does with `write` (:func:`partition_writer`), done
+    in this process for a few rows the driver holds: the i-th iterable of Arrow batches
+    is partition i, written by the same code as a task's into the same folders, each
+    under an attempt of its own (numbered from the clock: never a Spark attempt's of the
+    same export). The result rows, in partition order."""
+    task: _PartitionTask = write.task
+    _writer_here()
+    results = []
+    for index, batches in enumerate(partitions):
+        attempt = time.time_ns() // 1000
+        for out in _write_partition(task, iter(batches), index, attempt):
+            results.extend(out.to_pylist())
+    return results
 
 
 _RESULT_SCHEMA = pa.schema(_RESULT_FIELDS)
@@ -202,16 +292,14 @@ def _result(meta: dict, resumed: bool) -> pa.RecordBatch:
     return pa.RecordBatch.from_pylist([{**meta, "resumed": resumed}], schema=_RESULT_SCHEMA)
 
 
-def _write_partition(task: _PartitionTask, batches: Iterator[pa.RecordBatch]
-                     ) -> Iterator[pa.RecordBatch]:
-    """One task: its partition resumed if an earlier run finished it, else written into
-    the attempt's folder and published; one result row either way."""
-    from pyspark import TaskContext
-
+def _write_partition(task: _PartitionTask, batches: Iterator[pa.RecordBatch], index: int,
+                     attempt_id: int) -> Iterator[pa.RecordBatch]:
+    """One task (partition `index`, attempt `attempt_id`): its partition resumed if an
+    earlier run finished it, else written into the attempt's folder and published; one
+    result row either way."""
     from etl.writers.remote import S3Store
 
-    ctx = TaskContext.get()
-    pid = task.part_offset + ctx.partitionId()
+    pid = task.part_offset + index
     store = S3Store(task.remote) if task.remote else None
     part_dir = os.path.join(task.staging, f"part-{pid:05d}")
     done = (store.get_json(_marker(task.key, pid)) if store
@@ -219,7 +307,7 @@ def _write_partition(task: _PartitionTask, batches: Iterator[pa.RecordBatch]
     if done is not None:  # finished by an earlier, interrupted run
         yield _result(done, resumed=True)
         return
-    attempt_name = f"part-{pid:05d}-t{ctx.taskAttemptId()}"
+    attempt_name = f"part-{pid:05d}-t{attempt_id}"
     attempt = _attempt_folder(task.staging, store, attempt_name)
     samples, ids, router = _write_shards(task, batches, attempt, store, attempt_name)
     if task.keep_ids:
@@ -259,11 +347,7 @@ def _write_shards(task: _PartitionTask, batches: Iterator[pa.RecordBatch], attem
         import lance
 
         table = lance.dataset(task.blobs.path, version=task.blobs.version)
-    _lean_streaming()
     from etl.writers.mds.writer import PassThroughMDSWriter
-    from udfs.worker import settle_imports
-
-    settle_imports()  # streaming imports torch: keep the daemon's per-task GC cheap
 
     def make_writer(local: str, sub: str) -> PassThroughMDSWriter:
         out = (local, store.url(sub, task.key, attempt_name)) if store else local
