@@ -168,6 +168,32 @@ def test_manifest_accepted_from_kept_counts_equals_a_spark_count(spark, tmp_path
     # does not read
 
 
+def test_removed_from_curated_from_kept_counts_equals_spark(spark, tmp_path, monkeypatch):
+    """Without removals the kept counts answer alone (no Spark read of the manifest);
+    with some, the same ids and counts by reason as Spark's own count."""
+    cat = _catalog(spark, tmp_path)
+    assert cat.manifest.removed_from_curated() == (None, {})  # no manifest yet
+    _manifest(spark, cat, [_manifest_row(i) for i in range(6)])
+    monkeypatch.setattr(type(cat.manifest), "read", lambda self: pytest.fail("read"))
+    assert cat.manifest.removed_from_curated() == (None, {})
+    monkeypatch.undo()
+
+    rows = [_manifest_row(i) for i in range(6)]
+    for i, reason in ((1, "takedown"), (2, "takedown"), (4, "source_removed")):
+        rows[i].update(status="removed", stage="curated", reason=reason)
+    rows[5].update(status="removed", stage="ingest", reason="takedown")  # never curated
+    shutil.rmtree(cat.manifest.path)
+    _manifest(spark, cat, rows)
+    expected = {"takedown": 2, "source_removed": 1}
+    gone, by_reason = cat.manifest.removed_from_curated()
+    assert by_reason == expected
+    assert sorted(r.sample_id for r in gone.collect()) == ["s001", "s002", "s004"]
+    monkeypatch.setattr(catalog_mod, "delta_counts", lambda *a, **k: None)
+    gone, by_reason = cat.manifest.removed_from_curated()  # counted by Spark
+    assert by_reason == expected
+    assert sorted(r.sample_id for r in gone.collect()) == ["s001", "s002", "s004"]
+
+
 def test_takedowns_pending_and_purged(spark, tmp_path):
     from etl.schema import TAKEDOWNS_SCHEMA
 

@@ -93,19 +93,26 @@ class Manifest(_DeltaTable):
 
     def removed_from_curated(self) -> tuple[DataFrame | None, dict]:
         """Records removals took out of the curated table: their manifest rows (None
-        without a manifest) and how many by reason -- from the kept per-file counts, or
+        when there are none, or no manifest) and how many by reason -- from the kept
+        per-file counts (no Spark read of the table when removals took out nothing), or
         counted by Spark for a table delta-rs does not read."""
+        if not self.exists():
+            return None, {}
+        counts = delta_counts(self.path, MANIFEST_COLUMNS, self.counts_cache)
+        if counts is not None:
+            mine = counts[(counts["status"] == REMOVED) & (counts["stage"] == "curated")]
+            by_reason = {(None if pd.isna(r) else r): int(n) for r, n in mine.groupby(
+                "reason", dropna=False)["count"].sum().items()}
+            if not by_reason:
+                return None, {}
         manifest = self.read()
         if manifest is None:
             return None, {}
         gone = manifest.where((F.col("status") == REMOVED) & (F.col("stage") == "curated"))
-        counts = delta_counts(self.path, MANIFEST_COLUMNS, self.counts_cache)
         if counts is None:
-            return gone, {r["reason"]: r["count"]
-                          for r in gone.groupBy("reason").count().collect()}
-        mine = counts[(counts["status"] == REMOVED) & (counts["stage"] == "curated")]
-        return gone, {(None if pd.isna(r) else r): int(n) for r, n in mine.groupby(
-            "reason", dropna=False)["count"].sum().items()}
+            by_reason = {r["reason"]: r["count"]
+                         for r in gone.groupBy("reason").count().collect()}
+        return gone, by_reason
 
     def known(self):
         """What a listing is compared with -- ``sample_id, source, status, reason,
