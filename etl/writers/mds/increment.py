@@ -101,7 +101,9 @@ def plan_increment_local(rows: pa.Table, current: dict, out_dir: str, partitions
     if not parts:
         return None
     old = _exported_ids_local(out_dir, parts)
-    diff = rows.select(["sample_id", "_fp"]).join(old, "sample_id", join_type="full outer")
+    # Spark may hand strings over as large_string (arrow.useLargeVarTypes): compare as str.
+    ids = pa.table({"sample_id": rows["sample_id"].cast(pa.string()), "_fp": rows["_fp"]})
+    diff = ids.join(old, "sample_id", join_type="full outer")
     fp, old_fp, part = diff["_fp"], diff["_old_fp"], diff["_part"]
     added = pc.is_null(old_fp)
     departed = pc.and_(pc.invert(added), pc.is_null(fp))
@@ -114,12 +116,12 @@ def plan_increment_local(rows: pa.Table, current: dict, out_dir: str, partitions
     rewritten = set(pc.unique(pc.filter(part, lost)).to_pylist())
     plan = _plan(counts, rewritten, current, partitions)
     if plan.incremental and plan.to_write:
-        part_of = rows.select(["sample_id"]).join(old.select(["sample_id", "_part"]),
-                                                  "sample_id", join_type="left outer")
+        part_of = ids.select(["sample_id"]).join(old.select(["sample_id", "_part"]),
+                                                 "sample_id", join_type="left outer")
         write_ids = pc.filter(part_of["sample_id"], pc.or_kleene(
             pc.is_null(part_of["_part"]),
             pc.is_in(part_of["_part"], value_set=pa.array(plan.rewritten, pa.int32()))))
-        plan.rows = rows.filter(pc.is_in(rows["sample_id"], value_set=write_ids))
+        plan.rows = rows.filter(pc.is_in(ids["sample_id"], value_set=write_ids))
     else:
         plan.rows = rows
     return plan
