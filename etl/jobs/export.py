@@ -34,13 +34,12 @@ from etl.transforms.export import (
 )
 from etl.writers.lance import ROW_ADDRESS, read_local
 from etl.writers.mds import (
-    DRIVER_WRITE_ROWS,
     BlobSource,
     ExportResult,
     export_mds,
     mds_encoding,
     read_manifest,
-    warm_writer,
+    warm_for,
 )
 
 __all__ = ["export", "stage"]
@@ -319,9 +318,8 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     quiet = _in_place(cfg, name, memo.export_key(inputs))
     if quiet is not None:
         return quiet
-    if cols.held and (cols.matching <= DRIVER_WRITE_ROWS
-                      or read_manifest(tables.export_path(cfg, name)) is not None):
-        warm_writer()  # a write here is likely (a small export, or an increment)
+    if cols.held:
+        warm_for(tables.export_path(cfg, name), cols.matching)
     curated = _read_curated(spark, tables.layout(cfg).curated, cols.table.version,
                             cols.small, exp.where, cols.held)
     try:

@@ -81,7 +81,7 @@ __all__ = [
     "export_key",
     "export_mds",
     "DRIVER_WRITE_ROWS",
-    "warm_writer",
+    "warm_for",
     "plan_increment",
     "IncrementPlan",
     "ids_location",
@@ -108,6 +108,15 @@ def read_manifest(out_dir: str) -> dict | None:
     """The manifest of the export at `out_dir` (local or ``s3://``), None if there is
     no whole export there."""
     return open_commit(out_dir, key="").read_manifest()
+
+
+def warm_for(out_dir: str, rows: int) -> None:
+    """`rows` rows the driver holds are about to be exported to `out_dir` (`held`): when
+    the driver will likely write them -- few enough, or an increment of the export in
+    place -- start importing streaming's writer now (:func:`warm_writer`), while the
+    caller's Spark jobs run."""
+    if rows <= DRIVER_WRITE_ROWS or read_manifest(out_dir) is not None:
+        warm_writer()
 
 
 def export_mds(
@@ -364,13 +373,13 @@ def _spread_here(todo: _WriteSet, batch_rows: int) -> list[list[pa.RecordBatch]]
     table = todo.rows
     part = np.mod(table[_PART_HASH].to_numpy(zero_copy_only=False).astype(np.int64),
                   todo.parts)
-    spread = []
-    for i in range(todo.parts):
-        rows = (table.take(pa.array(np.flatnonzero(part == i)))
-                .sort_by([(_ORDER, "ascending"), ("sample_id", "ascending")])
-                .drop_columns([_PART_HASH, _ORDER]).combine_chunks())
-        spread.append(rows.to_batches(max_chunksize=batch_rows))
-    return spread
+    ordered = (table.append_column("_part", pa.array(part))
+               .sort_by([("_part", "ascending"), (_ORDER, "ascending"),
+                         ("sample_id", "ascending")])
+               .drop_columns(["_part", _PART_HASH, _ORDER]).combine_chunks())
+    ends = np.cumsum(np.bincount(part, minlength=todo.parts))
+    return [ordered.slice(end - n, n).to_batches(max_chunksize=batch_rows)
+            for end, n in zip(ends, np.diff(ends, prepend=0), strict=True)]
 
 
 def row_fingerprint(rows: DataFrame, exclude: tuple[str, ...] = ()) -> Column:

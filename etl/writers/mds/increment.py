@@ -59,10 +59,15 @@ class IncrementPlan:
         }
 
 
+def _ids_rel(record: dict) -> str:
+    """A partition's :data:`PART_IDS`, relative to the export (``prefix`` on S3, ``dir``
+    locally)."""
+    return f"{record.get('prefix') or record['dir']}/{PART_IDS}"
+
+
 def ids_location(out_dir: str, record: dict) -> str:
-    """Where a partition's :data:`PART_IDS` is (``prefix`` on S3, ``dir`` locally)."""
-    where = record.get("prefix") or record["dir"]
-    return f"{out_dir.rstrip('/')}/{where}/{PART_IDS}"
+    """Where a partition's :data:`PART_IDS` is."""
+    return f"{out_dir.rstrip('/')}/{_ids_rel(record)}"
 
 
 def plan_increment(rows: DataFrame, current: dict, out_dir: str, partitions: int
@@ -172,14 +177,14 @@ def _exported_ids_local(out_dir: str, parts: list[dict]) -> pa.Table:
     store = S3Store(out_dir) if is_remote(out_dir) else None
     tables = []
     for p in parts:
-        where = ids_location(out_dir, p)
         if store is not None:
-            data = store.get_bytes(where[len(out_dir.rstrip("/")) + 1:])
+            data = store.get_bytes(_ids_rel(p))
             if data is None:
-                raise FileNotFoundError(f"{where}: the ids of an exported partition")
+                raise FileNotFoundError(f"{ids_location(out_dir, p)}: the ids of an "
+                                        "exported partition")
             ids = pq.read_table(io.BytesIO(data), columns=["sample_id", "_fp"])
         else:
-            ids = pq.read_table(where, columns=["sample_id", "_fp"])
+            ids = pq.read_table(ids_location(out_dir, p), columns=["sample_id", "_fp"])
         tables.append(pa.table({
             "sample_id": ids["sample_id"].cast(pa.string()),
             "_old_fp": ids["_fp"].cast(pa.int64()),

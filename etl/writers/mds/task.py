@@ -154,7 +154,7 @@ def _init_on_demand(package) -> Callable[[str], Any]:
     def __getattr__(attr: str) -> Any:
         submodule = (os.path.isdir(os.path.join(folder, attr))
                      or os.path.isfile(os.path.join(folder, f"{attr}.py")))
-        if attr.startswith("__") or submodule or "__getattr__" not in package.__dict__:
+        if attr.startswith("__") or submodule:
             raise AttributeError(f"module {package.__name__!r} has no attribute {attr!r}")
         del package.__dict__["__getattr__"]
         with open(package.__file__, "rb") as f:
@@ -180,9 +180,7 @@ def warm_writer() -> None:
     def load() -> None:
         try:
             _lean_streaming()
-            import streaming.base.format.mds.encodings  # noqa: F401
-
-            import etl.writers.mds.writer  # noqa: F401
+            import etl.writers.mds.writer  # noqa: F401 -- and streaming's encodings
         except ImportError:
             pass
 
