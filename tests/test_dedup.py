@@ -31,6 +31,7 @@ from etl.transforms.dedup import (
     lsh_masks,
     plan_dedup,
 )
+from etl.transforms.export import ids_fingerprint
 
 
 def _flip(h: int, bits: list[int]) -> int:
@@ -426,6 +427,9 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     dedup_rows = spark.read.format("delta").load(tables.layout(cfg).dedup).collect()
     assert memo["payload"]["excluded_duplicates"] == sum(not r.is_canonical for r in dedup_rows)
     assert memo["payload"]["expected"] == 2
+    # Counted on the driver (the rows and the duplicates' ids it holds): Spark's figures.
+    assert memo["payload"]["duplicates_fingerprint"] == ids_fingerprint(
+        spark.read.format("delta").load(tables.layout(cfg).dedup).where("NOT is_canonical"))
     assert memo["key"]["dedup_version"] == storage.delta_version(
         spark, tables.layout(cfg).dedup)
     jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(

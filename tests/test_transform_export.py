@@ -5,12 +5,19 @@ shaping captions: test_bronze_accounting.py."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import xxhash
 
 from etl.config import ExportConfig
 from etl.errors import ConfigError
-from etl.transforms.export import export_columns, export_rows, ids_fingerprint
+from etl.transforms.export import (
+    export_columns,
+    export_rows,
+    ids_fingerprint,
+    ids_fingerprint_here,
+)
 
 TABLE = ["_rowaddr", "image", "sample_id", "source", "width", "height", "original_width",
          "original_height", "caption_original", "caption_v1", "aesthetic", "image_sha256"]
@@ -67,3 +74,19 @@ def test_ids_fingerprint_is_the_xor_of_the_ids_hashes_in_any_order(spark):
     assert ids_fingerprint(spark.createDataFrame([], "sample_id string")) == 0
     fewer = spark.createDataFrame([("a",), ("b",)], "sample_id string")
     assert ids_fingerprint(fewer) == _xxhash64_signed("a") ^ _xxhash64_signed("b") != expected
+
+
+def test_the_drivers_fingerprint_of_ids_is_sparks_bit_for_bit(spark):
+    """An export's key holds the fingerprint of the ids it leaves out: computed on the
+    driver for ids it holds, by Spark otherwise -- the same number either way, or the
+    path taken would change the key (and rewrite an export for nothing)."""
+    rng = random.Random(7)
+    alphabet = "abcdef0123456789-_/ üßé字😀"
+    for n in (0, 1, 2, 3, 200):
+        ids = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
+               for _ in range(n)]
+        frame = spark.createDataFrame([(s,) for s in ids], "sample_id string")
+        assert ids_fingerprint_here(ids) == ids_fingerprint(frame), ids
+    hashes = [_xxhash64_signed(s) for s in ("a", "ü-3")]
+    assert ids_fingerprint_here(["a", "ü-3"]) == hashes[0] ^ hashes[1]
+    assert min(ids_fingerprint_here([f"id{i}"]) for i in range(64)) < 0  # a signed long

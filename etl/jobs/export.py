@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 
@@ -30,9 +32,10 @@ from etl.transforms.export import (
     export_columns,
     export_rows,
     ids_fingerprint,
+    ids_fingerprint_here,
     latent_export_columns,
 )
-from etl.writers.lance import ROW_ADDRESS, read_local
+from etl.writers.lance import ROW_ADDRESS, read_local_table
 from etl.writers.mds import (
     BlobSource,
     ExportResult,
@@ -127,22 +130,31 @@ def _latents(name: str, exp, table, mapping: dict) -> dict[str, str]:
     return encodings
 
 
+@dataclass(frozen=True)
+class _Curated:
+    """Step "read": the chosen rows' small columns and row addresses at the pinned
+    version, read once (the counts, an incremental export's diff and the write all scan
+    them)."""
+    frame: DataFrame  # persisted
+    held: pa.Table | None = None  # the same rows, when the driver read them
+
+
 def _read_curated(spark: SparkSession, curated_path: str, version: int, columns: list[str],
-                  where: str | None, held: bool) -> DataFrame:
-    """The chosen rows' small columns and row addresses at the pinned version, read once
-    (the counts, an incremental export's diff and the write all scan them); up to
-    `DRIVER_IDS` of them (`held`) read on the driver, as local data."""
+                  where: str | None, held: bool) -> _Curated:
+    """Up to `DRIVER_IDS` rows (`held`) are read on the driver, as local data."""
     if held:
-        return read_local(spark, curated_path, version, columns, where,
-                          row_address=True).persist(StorageLevel.MEMORY_AND_DISK)
+        table, schema = read_local_table(curated_path, version, columns, where,
+                                         row_address=True)
+        return _Curated(spark.createDataFrame(table, schema).persist(
+            StorageLevel.MEMORY_AND_DISK), table)
     reader = (spark.read.format("lance").option("version", str(version))
               .option("columns", ",".join(columns)).option("row_address", "true"))
     if where:
         reader = reader.option("filter", where)
-    return reader.load(curated_path).persist(StorageLevel.MEMORY_AND_DISK)
+    return _Curated(reader.load(curated_path).persist(StorageLevel.MEMORY_AND_DISK))
 
 
-def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated: DataFrame,
+def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated: _Curated,
                    matching: int, memo: _Memo
                    ) -> tuple[DataFrame | None, int, dict, dict | None]:
     """Non-canonical duplicates stay in the table; the export leaves them out. Returns
@@ -153,15 +165,21 @@ def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated:
     lineage: dict = {"include_duplicates": exp.include_duplicates}
     if exp.include_duplicates:
         return None, matching, lineage, None
-    duplicates = DedupTable(spark, cfg).non_canonical_ids(version)
-    if duplicates is None:
+    found = DedupTable(spark, cfg).non_canonical(version)
+    if found is None:
         return None, matching, lineage, None
+    duplicates, listed = found
     inputs = {"table_version": version, "where": exp.where,
               "dedup_version": storage.delta_version(spark, tables.layout(cfg).dedup)}
     known = memo.dedup(inputs)  # the same versions: the same figures, no table read
-    if known is None:
-        expected = curated.select("sample_id").join(duplicates, "sample_id",
-                                                    "left_anti").count()
+    if known is None and curated.held is not None and listed is not None:
+        # Rows and duplicates both on the driver: counted here (no Spark job).
+        left_out = pc.is_in(curated.held.column("sample_id"), pa.array(listed, pa.string()))
+        expected = curated.held.num_rows - pc.sum(left_out).as_py()
+        known = (expected, matching - expected, ids_fingerprint_here(listed))
+    elif known is None:
+        expected = curated.frame.select("sample_id").join(duplicates, "sample_id",
+                                                          "left_anti").count()
         known = (expected, matching - expected, ids_fingerprint(duplicates))
     expected, excluded, fingerprint = known
     lineage.update(excluded_duplicates=excluded, duplicates_fingerprint=fingerprint)
@@ -231,7 +249,7 @@ class _Chosen:
     memo: tuple  # what the memo keeps once the export committed
 
 
-def _choose_rows(spark: SparkSession, cfg: Config, exp, cols: _Columns, curated: DataFrame,
+def _choose_rows(spark: SparkSession, cfg: Config, exp, cols: _Columns, curated: _Curated,
                  memo: _Memo) -> _Chosen:
     version = cols.table.version
     duplicates, after_dedup, dedup, inputs = _dedup_lineage(
@@ -240,8 +258,8 @@ def _choose_rows(spark: SparkSession, cfg: Config, exp, cols: _Columns, curated:
     manifest_version = Catalog.of(spark, cfg).manifest.version()
     removals = memo.removals(manifest_version) or _removals(spark, cfg)
     kept = dict(removals)  # takedowns are applied afresh each time
-    left_out, expected = _exclude_taken_down(spark, cfg, curated, duplicates, after_dedup,
-                                             removals)
+    left_out, expected = _exclude_taken_down(spark, cfg, curated.frame, duplicates,
+                                             after_dedup, removals)
     return _Chosen(left_out, expected, dedup, removals,
                    (inputs, after_dedup, dedup, manifest_version, kept))
 
@@ -324,12 +342,12 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
                             cols.small, exp.where, cols.held)
     try:
         chosen = _choose_rows(spark, cfg, exp, cols, curated, memo)
-        result = _write(cfg, name, exp, cols, curated, chosen)
+        result = _write(cfg, name, exp, cols, curated.frame, chosen)
         memo.save(*chosen.memo)
         memo.save_key(inputs, tables.export_path(cfg, name))
         return result
     finally:
-        curated.unpersist()
+        curated.frame.unpersist()
 
 
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:

@@ -254,6 +254,13 @@ class DedupTable:
         """``sample_id`` of the rows exports leave out (non-canonical duplicates), or
         None when dedup never ran. Warns when rows were added, changed or removed since
         dedup last ran (not when a later version only added columns)."""
+        found = self.non_canonical(curated_version)
+        return None if found is None else found[0]
+
+    def non_canonical(self, curated_version: int) -> tuple[DataFrame, list[str] | None] | None:
+        """:meth:`non_canonical_ids`, and the same ids as a list when the driver read
+        them (at most ``DRIVER_IDS``, from a table within ``DRIVER_SCAN_ROWS``; else
+        None)."""
         coverage = self.coverage(curated_version)
         if coverage is None:
             log.warning("no dedup table at %s: exporting without dedup", self.path)
@@ -273,8 +280,9 @@ class DedupTable:
 
             ids = local.filter(pc.invert(local["is_canonical"]))["sample_id"].to_pylist()
             if len(ids) <= DRIVER_IDS:  # a few ids: no Delta read in Spark
-                return self.spark.createDataFrame([(i,) for i in ids], "sample_id string")
-        return self.read().where("NOT is_canonical").select("sample_id")
+                return self.spark.createDataFrame([(i,) for i in ids],
+                                                  "sample_id string"), ids
+        return self.read().where("NOT is_canonical").select("sample_id"), None
 
     # ------------------------------------------------------------------ the writer
 

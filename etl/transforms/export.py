@@ -10,7 +10,10 @@ writing task.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
+import xxhash
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -25,6 +28,7 @@ __all__ = [
     "latent_export_columns",
     "export_rows",
     "ids_fingerprint",
+    "ids_fingerprint_here",
 ]
 
 # Columns every export has (MDS encodings); `image` holds the stored JPEG bytes unchanged.
@@ -119,3 +123,13 @@ def ids_fingerprint(ids: DataFrame) -> int:
     an export's key, so a rerun stays a no-op."""
     row = ids.select(F.bit_xor(F.xxhash64("sample_id")).alias("h")).first()
     return row["h"] or 0
+
+
+def ids_fingerprint_here(ids: Iterable[str]) -> int:
+    """:func:`ids_fingerprint` of ids the driver holds, computed here: Spark's
+    ``xxhash64`` of a string is XXH64 of its UTF-8 bytes with seed 42, as a signed long
+    (bit for bit, or an export's key would change with the path that computed it)."""
+    h = 0
+    for sid in ids:
+        h ^= xxhash.xxh64_intdigest(sid.encode("utf-8"), seed=42)
+    return h - (1 << 64) if h >= 1 << 63 else h
