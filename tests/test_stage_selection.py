@@ -21,3 +21,32 @@ def test_stage_selection_keeps_registry_order():
         STAGES.select(None, skip=("dedupe",))
     for stage in STAGES:  # every registered target imports and is callable
         assert callable(stage.load())
+
+
+def test_a_stages_warm_imports_run_on_a_thread_and_leave_failures_to_the_importer():
+    """What a stage warms before Spark starts (``Stage.warm``): imports on a daemon
+    thread, in a fresh process; an import that fails there is raised, as usual, by the
+    code that imports the module itself."""
+    import subprocess
+    import sys
+
+    from etl.pipeline.stages import STAGES
+
+    assert STAGES.get("export").load_warm().__name__ == "warm"
+    assert STAGES.get("curate").load_warm() is None
+    code = """
+import sys, threading
+from etl.runtime.warm import import_in_background
+t = import_in_background("colorsys", "no_such_module_here", "wave", name="w")
+assert t.daemon and t.name == "w" and t is not threading.current_thread()
+t.join()
+assert "colorsys" in sys.modules and "wave" not in sys.modules  # stopped at the failure
+assert import_in_background("colorsys") is None  # all imported: no thread
+try:
+    import no_such_module_here
+except ImportError:
+    print("raised where imported")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "raised where imported", out.stderr

@@ -350,9 +350,26 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         curated.frame.unpersist()
 
 
+def warm(cfg: Config, ctx: RunContext) -> None:
+    """Before Spark starts: when the curated table's rows are few enough for the driver
+    to hold (and so, likely, to write an export's few or changed rows), start importing
+    streaming's writer, so that it overlaps the Spark start-up instead of the export."""
+    path = tables.layout(cfg).curated
+    if not _names(cfg, ctx) or not storage.lance_exists(path):
+        return
+    rows = tables.open_curated(cfg).count_rows()
+    if rows <= DRIVER_IDS:
+        for name in _names(cfg, ctx):
+            warm_for(tables.export_path(cfg, name), rows)
+
+
+def _names(cfg: Config, ctx: RunContext) -> tuple[str, ...]:
+    return ctx.export_names if ctx.export_names is not None else tuple(cfg.exports)
+
+
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     """curated Lance table -> every (or the chosen) MDS export."""
-    names = ctx.export_names if ctx.export_names is not None else tuple(cfg.exports)
+    names = _names(cfg, ctx)
     results, manifests = [], {}
     rows: dict[str, int] = {}
     outputs: dict[str, int] = {"samples": 0, "shards": 0, "bytes": 0}

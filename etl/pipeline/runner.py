@@ -46,6 +46,7 @@ from etl.runtime.faults import arm, fault_point
 from etl.runtime.lock import RunLock
 from etl.runtime.progress import EventsFile, StageProgress, console_mode, event, say
 from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.warm import import_in_background
 from etl.writers.remote import is_remote
 from udfs.faults import RAISE_ENV
 
@@ -297,6 +298,18 @@ def _over_budget(run: _Run, stage: str, result: StageResult, breach: BudgetBreac
         end={"budget": breach.budget}, report=True)
 
 
+def _warm(cfg: Config, stages: list[Stage], ctx: RunContext, report: bool) -> None:
+    """Imports the run will need, started on threads to overlap the Spark start-up
+    (etl.runtime.warm): each stage's own (:attr:`Stage.warm`), and the report's."""
+    for stage in stages:
+        warm = stage.load_warm()
+        if warm is not None:
+            warm(cfg, ctx)
+    if report:
+        import_in_background("etl.report.figures", "etl.report.html",
+                             name="lakeshard-report-import")
+
+
 def _start_spark(cfg: Config, out: RunOutcome):
     """Spark for the run (test faults forwarded, the console's log level), and the
     migration of tables an older version wrote."""
@@ -331,6 +344,7 @@ def _call_stage(spark, cfg: Config, ctx: RunContext, stage: Stage) -> StageResul
 
 def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome, *,
              summary: bool) -> None:
+    _warm(cfg, stages, ctx, report=summary and cfg.run.report)
     spark = _start_spark(cfg, out)
     run = _Run(spark, cfg, ctx, out, stages, summary)
     started = run.begin(stages[0].name)

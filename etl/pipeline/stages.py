@@ -8,7 +8,9 @@ checking names against config stays cheap), a one-line description (the command'
 starts, its typed options (``"module:Class"``, a frozen dataclass beside the stage whose
 fields are the command's flags, :mod:`etl.runtime.options`), and what the command prints
 (``"module:function"``, ``(cfg, options, StageResult) -> str``; none: a pipeline command,
-which prints the run's summary). The CLI builds its subcommands from these entries.
+which prints the run's summary), and what it warms (``"module:function"``, ``(cfg, ctx)
+-> None``, run after the checks: imports the stage will need, started on a thread while
+Spark starts). The CLI builds its subcommands from these entries.
 `run.stages:` in the config, ``--only`` and ``--skip`` choose among :data:`STAGES`, never
 reorder them. Adding a stage is one entry, placed where it belongs in the order.
 """
@@ -40,12 +42,18 @@ class Stage:
     options: str | None = None  # "module:Class", the command's typed options
     render: str | None = None  # "module:function", what the command prints
     details: str | None = None  # the command's --help paragraph, where one line is not enough
+    warm: str | None = None  # "module:function", (cfg, ctx) -> None: imports started
+    # on a thread before Spark starts (etl.runtime.warm), for what the stage will need
+
 
     def load(self) -> Callable[..., StageResult]:
         return _load(self.target)
 
     def load_check(self) -> Callable | None:
         return _load(self.check) if self.check else None
+
+    def load_warm(self) -> Callable | None:
+        return _load(self.warm) if self.warm else None
 
     def load_options(self) -> type | None:
         return _load(self.options) if self.options else None
@@ -125,7 +133,7 @@ STAGES.add("caption", "etl.jobs.caption:stage",
            check="etl.jobs.caption:check", options="etl.jobs.caption:CaptionOptions",
            render="etl.jobs.caption:render")
 STAGES.add("export", "etl.jobs.export:stage", "export the curated table to MDS",
-           check="etl.pipeline.preflight:check_exports")
+           check="etl.pipeline.preflight:check_exports", warm="etl.jobs.export:warm")
 
 # Commands that change the curated table outside `lakeshard run`.
 COMMANDS = StageRegistry()
