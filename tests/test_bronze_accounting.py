@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
+from pyspark.sql import Row
 
 from etl.config import ExportConfig
 from etl.errors import ConfigError
@@ -143,10 +144,11 @@ def test_source_counts_and_accounting_rows_agree(spark):
     assert counts["b"].reasons == {"unknown": 1}
     assert (counts["c"].seen, counts["c"].unchanged) == (0, 9)
 
-    rows = accounting_rows(outcome, {"a": 4, "c": 9, "d": 0}, run_id="r1", run_at=NOW).collect()
+    rows = [Row(**r) for r in accounting_rows(outcome.collect(), {"a": 4, "c": 9, "d": 0},
+                                              run_id="r1", run_at=NOW).to_pylist()]
     total = {}
     for r in rows:
-        assert r.run_id == "r1" and r.run_at == NOW
+        assert r.run_id == "r1" and r.run_at == NOW.replace(tzinfo=UTC)  # NOW: naive UTC
         total[(r.source, r.status)] = total.get((r.source, r.status), 0) + r["count"]
     assert total == {("a", "accepted"): 7, ("a", "rejected"): 4, ("b", "rejected"): 1,
                      ("a", "unchanged"): 4, ("c", "unchanged"): 9}

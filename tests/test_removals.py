@@ -215,8 +215,9 @@ def test_accounting_counts_removals_per_source_and_table_left(spark):
     assert by_source["a"].removed == {"source_removed": 2, "taken_down": 1}
     assert (by_source["a"].seen, by_source["a"].removal_scan) == (2, "listing")
     assert by_source["b"].removed == {"source_removed": 1}
-    rows = accounting_rows(outcome, {}, run_id="r", run_at=NOW, removed=counts)
-    got = {(r.source, r.status, r.stage, r.reason): r["count"] for r in rows.collect()}
+    rows = accounting_rows(outcome.collect(), {}, run_id="r", run_at=NOW, removed=counts)
+    got = {(r["source"], r["status"], r["stage"], r["reason"]): r["count"]
+           for r in rows.to_pylist()}
     assert got == {("a", "accepted", None, None): 2,
                    ("a", "removed", "curated", "source_removed"): 1,
                    ("a", "removed", "rejects", "source_removed"): 1,

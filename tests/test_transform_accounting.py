@@ -4,7 +4,7 @@ table's rows. Expectations are written out by hand."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 
 from etl.transforms.accounting import (
     SourceCounts,
@@ -56,7 +56,8 @@ def test_accounting_table_rows_give_internal_errors_their_own_outcome(spark):
         "source string, stage string, status string, reason string, filter_reason string, "
         "count long",
     )
-    rows = accounting_rows(outcome, {}, run_id="r", run_at=datetime(2026, 1, 1)).collect()
+    rows = accounting_rows(outcome.collect(), {}, run_id="r",
+                           run_at=datetime(2026, 1, 1)).to_pylist()
     got = {(r["status"], r["reason"]): r["count"] for r in rows}
     assert got == {("accepted", None): 5, ("rejected", "empty"): 1,
                    ("error", "internal_error"): 2}
@@ -108,12 +109,15 @@ def test_accounting_rows_add_unchanged_and_removed_rows(spark):
         OUTCOME)
     removed = [{"source": "b", "stage": "curated", "reason": "source_removed", "count": 2},
                {"source": "b", "stage": "rejects", "reason": "taken_down", "count": 0}]
-    rows = accounting_rows(outcome, {"a": 4, "b": 0}, run_id="r", run_at=AT, removed=removed)
-    assert rows.columns == ["run_id", "run_at", "source", "status", "stage", "reason",
-                            "filter_reason", "count"]
-    collected = rows.collect()
-    assert {(r["run_id"], r["run_at"]) for r in collected} == {("r", AT)}
-    assert sorted((tuple(r)[2:] for r in collected), key=str) == sorted([
+    rows = accounting_rows(outcome.collect(), {"a": 4, "b": 0}, run_id="r", run_at=AT,
+                           removed=removed)
+    assert rows.column_names == ["run_id", "run_at", "source", "status", "stage", "reason",
+                                 "filter_reason", "count"]
+    collected = rows.to_pylist()
+    # Built on the driver as the table's rows: `run_at` (naive, UTC) is that UTC instant.
+    assert {(r["run_id"], r["run_at"]) for r in collected} == {
+        ("r", AT.replace(tzinfo=UTC))}
+    assert sorted((tuple(r.values())[2:] for r in collected), key=str) == sorted([
         ("a", "accepted", None, None, None, 3),
         ("a", "accepted", None, None, "too_small", 1),
         ("a", "rejected", "fetch", "unknown", None, 2),  # no reason: unknown, never null

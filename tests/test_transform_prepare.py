@@ -65,16 +65,6 @@ def test_accepted_and_rejected_split_the_rows(spark):
     assert rej == {"id3": "undecodable", "id4": "missing_image", "id5": "empty"}
 
 
-def test_outcome_counts_has_the_declared_schema(spark):
-    # A run with nothing to process builds an empty frame of OUTCOME_SCHEMA instead.
-    from etl.transforms.prepare import OUTCOME_SCHEMA
-
-    got = outcome_counts(_prepared(spark)).schema
-    declared = spark.createDataFrame([], OUTCOME_SCHEMA).schema
-    assert [(f.name, f.dataType.simpleString()) for f in got] == [
-        (f.name, f.dataType.simpleString()) for f in declared]
-
-
 def test_outcome_counts_balance(spark):
     rows = outcome_counts(_prepared(spark)).collect()
     counts = {(r.source, r.status, r.reason, r.filter_reason): r["count"] for r in rows}

@@ -44,6 +44,7 @@ from etl.lakehouse.maintenance import (
 )
 from etl.ledger import code_version
 from etl.runtime.faults import fault_point
+from etl.runtime.local import is_local
 from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.schema import (
     REMOVED,
@@ -74,7 +75,6 @@ from etl.transforms.bronze import (
     unchanged_containers,
 )
 from etl.transforms.prepare import (
-    OUTCOME_SCHEMA,
     accepted_rows,
     failure_examples,
     fetch_and_prepare,
@@ -410,16 +410,16 @@ def _find_removed(spark: SparkSession, cfg: Config, diff: _Diff) -> _Removals:
 @dataclass
 class _Prepared:
     """Step "fetch and prepare": every record processed this run, with its outcome."""
-    rows: DataFrame | None  # prepared rows, image bytes dropped (persisted); None: none
-    outcome: DataFrame  # outcome_counts(rows) (persisted)
-    outcome_rows: list  # the same, collected
+    rows: DataFrame | None  # prepared rows, image bytes dropped (persisted, or local
+    # data); None: none
+    outcome_rows: list  # outcome_counts(rows), collected
     examples: tuple[str, ...]  # a few failed records, for the failure budgets' messages
     on_driver: bool = False  # `rows` are local data, prepared on the driver
 
     @classmethod
-    def nothing(cls, spark: SparkSession) -> _Prepared:
+    def nothing(cls) -> _Prepared:
         """No record to process: no fetch, no prepare, no Python worker started."""
-        return cls(None, spark.createDataFrame([], OUTCOME_SCHEMA), [], ())
+        return cls(None, [], ())
 
     @property
     def processed(self) -> int:
@@ -436,7 +436,7 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     UDF), refuse what a takedown names by the source bytes' or the JPEG's hash."""
     if diff.has_manifest and storage.lance_exists(paths.curated) and all(
             st["n"] == st["unchanged"] for st in diff.stats.values()):
-        return _Prepared.nothing(spark)  # a night with nothing new
+        return _Prepared.nothing()  # a night with nothing new
     refused = diff.refused
     todo = mark_duplicate_keys(diff.listed.where(~F.col("unchanged")))
     if refused is not None:
@@ -464,10 +464,11 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     )
     if refused is not None:
         prepared = refuse_prepared(prepared, refused)  # the same picture, re-encoded
-    prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
-    outcome = outcome_counts(prepared).persist()
-    outcome_rows = outcome.collect()
-    return _Prepared(prepared, outcome, outcome_rows,
+    if not (diff.on_driver and is_local(prepared)):
+        # Local data (a few records, on the driver) is read again without a job.
+        prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    outcome_rows = outcome_counts(prepared).collect()
+    return _Prepared(prepared, outcome_rows,
                      failure_examples(outcome_rows, cfg.run.budgets.examples), diff.on_driver)
 
 
@@ -527,7 +528,7 @@ def _record_accounting(cfg: Config, cat: Catalog, diff: _Diff, prep: _Prepared,
     """Per source and outcome: the run's accounting rows, MERGEd into Delta; the counts."""
     counts = [c for r in removed if r is not None for c in r.counts]
     unchanged = diff.unchanged
-    cat.accounting.record(accounting_rows(prep.outcome, unchanged, run_id=run_id,
+    cat.accounting.record(accounting_rows(prep.outcome_rows, unchanged, run_id=run_id,
                                           run_at=now, removed=counts))
     return source_counts(prep.outcome_rows, [s.name for s in cfg.sources], unchanged,
                          counts, removals.scans)
@@ -676,7 +677,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
         counts = _record_accounting(cfg, cat, diff, prep, removals, [pending, gone], run_id,
                                     now)
         _purge_due(cat, now)
-    for df in (prep.outcome, prep.rows, diff.listed):
+    for df in (prep.rows, diff.listed):
         if df is not None:
             df.unpersist()
     ds = _closing_check(cat)

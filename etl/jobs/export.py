@@ -156,18 +156,19 @@ def _read_curated(spark: SparkSession, curated_path: str, version: int, columns:
 
 def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated: _Curated,
                    matching: int, memo: _Memo
-                   ) -> tuple[DataFrame | None, int, dict, dict | None]:
+                   ) -> tuple[DataFrame | None, list[str] | None, int, dict, dict | None]:
     """Non-canonical duplicates stay in the table; the export leaves them out. Returns
-    them, the rows left, the dedup part of the lineage and the memo's inputs. What was
+    them (and their ids when the driver read them: [] for none), the rows left, the
+    dedup part of the lineage and the memo's inputs. What was
     left out is lineage as content (not as a Delta version): an unchanged dedup result
     keeps the export key, so a rerun stays a no-op; excluded_duplicates are rows
     matching `where` left out (verify-export subtracts them)."""
     lineage: dict = {"include_duplicates": exp.include_duplicates}
     if exp.include_duplicates:
-        return None, matching, lineage, None
+        return None, [], matching, lineage, None
     found = DedupTable(spark, cfg).non_canonical(version)
     if found is None:
-        return None, matching, lineage, None
+        return None, [], matching, lineage, None
     duplicates, listed = found
     inputs = {"table_version": version, "where": exp.where,
               "dedup_version": storage.delta_version(spark, tables.layout(cfg).dedup)}
@@ -183,7 +184,7 @@ def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated:
         known = (expected, matching - expected, ids_fingerprint(duplicates))
     expected, excluded, fingerprint = known
     lineage.update(excluded_duplicates=excluded, duplicates_fingerprint=fingerprint)
-    return duplicates, expected, lineage, inputs
+    return duplicates, listed, expected, lineage, inputs
 
 
 def _exclude_taken_down(spark: SparkSession, cfg: Config, curated: DataFrame,
@@ -243,6 +244,7 @@ def _columns(name: str, exp, table) -> _Columns:
 class _Chosen:
     """Step "choose rows": what the export leaves out, and the lineage that says so."""
     left_out: DataFrame | None  # non-canonical duplicates and taken-down rows
+    left_out_ids: list[str] | None  # their ids, when the driver holds them all
     expected: int  # the samples the export must hold
     dedup: dict  # lineage: the dedup part
     removals: dict  # lineage: rows removals took out (and takedowns left out)
@@ -252,7 +254,7 @@ class _Chosen:
 def _choose_rows(spark: SparkSession, cfg: Config, exp, cols: _Columns, curated: _Curated,
                  memo: _Memo) -> _Chosen:
     version = cols.table.version
-    duplicates, after_dedup, dedup, inputs = _dedup_lineage(
+    duplicates, listed, after_dedup, dedup, inputs = _dedup_lineage(
         spark, cfg, exp, version, curated, cols.matching, memo)
     # Rows removals took out, as of the manifest's version (the memo's when the same).
     manifest_version = Catalog.of(spark, cfg).manifest.version()
@@ -260,16 +262,25 @@ def _choose_rows(spark: SparkSession, cfg: Config, exp, cols: _Columns, curated:
     kept = dict(removals)  # takedowns are applied afresh each time
     left_out, expected = _exclude_taken_down(spark, cfg, curated.frame, duplicates,
                                              after_dedup, removals)
-    return _Chosen(left_out, expected, dedup, removals,
+    left_out_ids = listed if left_out is duplicates else None  # no takedown applied
+    return _Chosen(left_out, left_out_ids, expected, dedup, removals,
                    (inputs, after_dedup, dedup, manifest_version, kept))
 
 
-def _write(cfg: Config, name: str, exp, cols: _Columns, curated: DataFrame,
+def _write(cfg: Config, name: str, exp, cols: _Columns, curated: _Curated,
            chosen: _Chosen) -> ExportResult:
     """Step "write": the partition-wise MDS writer, then the closing count."""
     paths, version = tables.layout(cfg), cols.table.version
-    rows = export_rows(curated, cols.mapping, captions=set(exp.captions),
-                       fetched=set(cols.fetched), duplicates=chosen.left_out,
+    frame, left_out = curated.frame, chosen.left_out
+    if curated.held is not None and chosen.left_out_ids is not None:
+        # The rows and those left out, both on the driver: left out here, so that the
+        # rows stay local data (the writer collects them without a Spark job).
+        held = curated.held
+        kept = held.filter(pc.invert(pc.is_in(held.column("sample_id"),
+                                              pa.array(chosen.left_out_ids, pa.string()))))
+        frame, left_out = frame.sparkSession.createDataFrame(kept, frame.schema), None
+    rows = export_rows(frame, cols.mapping, captions=set(exp.captions),
+                       fetched=set(cols.fetched), duplicates=left_out,
                        row_address=ROW_ADDRESS, identity=cols.identity)
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
         if f.name not in (ROW_ADDRESS, "_identity") and f.name not in cols.encodings:
@@ -342,7 +353,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
                             cols.small, exp.where, cols.held)
     try:
         chosen = _choose_rows(spark, cfg, exp, cols, curated, memo)
-        result = _write(cfg, name, exp, cols, curated.frame, chosen)
+        result = _write(cfg, name, exp, cols, curated, chosen)
         memo.save(*chosen.memo)
         memo.save_key(inputs, tables.export_path(cfg, name))
         return result

@@ -33,6 +33,7 @@ from etl import storage, tables
 from etl.config import Config
 from etl.lakehouse.counts import MANIFEST_COLUMNS, delta_counts
 from etl.lakehouse.indexes import ensure_scalar_indexes
+from etl.runtime.local import local_arrow
 from etl.schema import REMOVED
 from etl.transforms.bronze import known_fingerprint, takedown_identifiers, taken_down_ids
 from etl.writers.delta import (
@@ -237,7 +238,7 @@ class Curated:
         `on_driver`: `rows` are few, collected and written from this process (no Spark
         task runs Python: the Lance data source's writer is Python)."""
         if on_driver:
-            append_local(self.path, rows.toArrow())
+            append_local(self.path, local_arrow(rows))
         else:
             rows.write.format("lance").mode("append").save(self.path)
         ensure_scalar_indexes(self.path, self.cfg.lakehouse.scalar_indexes)

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from etl.config import ConfigError, SourceConfig
+from etl.runtime.local import local_frame
 from etl.sources.base import (
     FLAG_KEYS,
     SourceAdapter,
@@ -128,10 +129,9 @@ class ImageFolderSource(SourceAdapter):
         Python UDF (a handful of records: no Python worker for them)."""
         mapping = {"caption": "caption", **dict(source.columns)}
         parse = _sidecar_parser(mapping, source.max_caption_chars, source.follow_symlinks)
-        if on_driver:
-            listing = spark.createDataFrame(
-                [(*r, parse(r[2], r[3])) for r in rows],
-                _listing_type().add("_side", _SIDECAR_TYPE, True))
+        if on_driver:  # local data: the plans over it fold (no Spark job)
+            listing = local_frame(spark, [(*r, parse(r[2], r[3])) for r in rows],
+                                  _listing_type().add("_side", _SIDECAR_TYPE, True))
         else:
             listing = spark.createDataFrame(rows, _listing_type()).withColumn(
                 "_side", F.udf(parse, _SIDECAR_TYPE)(F.col("txt_uri"), F.col("json_uri")))

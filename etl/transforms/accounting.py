@@ -173,11 +173,13 @@ def removal_counts(removed: DataFrame) -> DataFrame:
 def removal_rows(spark: SparkSession, counts: Sequence[Mapping], *, run_id: str,
                  run_at: datetime) -> DataFrame:
     """Accounting rows of collected :func:`removal_counts`: status ``removed``."""
-    return spark.createDataFrame(
-        [(run_id, run_at, r["source"], REMOVED, r["stage"], r["reason"], None, int(r["count"]))
-         for r in counts if r["count"]],
-        ACCOUNTING_SCHEMA,
-    )
+    return spark.createDataFrame(_removed(counts, run_id=run_id, run_at=run_at),
+                                 ACCOUNTING_SCHEMA)
+
+
+def _removed(counts: Sequence[Mapping], *, run_id: str, run_at: datetime) -> list[tuple]:
+    return [(run_id, run_at, r["source"], REMOVED, r["stage"], r["reason"], None, int(r["count"]))
+            for r in counts if r["count"]]
 
 
 def unchanged_rows(unchanged: Mapping[str, int], *, run_id: str, run_at: datetime
@@ -188,37 +190,30 @@ def unchanged_rows(unchanged: Mapping[str, int], *, run_id: str, run_at: datetim
 
 
 def quiet_accounting(unchanged: Mapping[str, int], *, run_id: str, run_at: datetime):
-    """The whole accounting of a run that processed and removed nothing, as an Arrow
-    table built here (no Spark job): its `unchanged` rows."""
+    """The whole accounting of a run that processed and removed nothing: its
+    `unchanged` rows (an Arrow table built here, as :func:`accounting_rows`)."""
+    return accounting_rows((), unchanged, run_id=run_id, run_at=run_at)
+
+
+def accounting_rows(outcome: Sequence[Mapping], unchanged: Mapping[str, int], *, run_id: str,
+                    run_at: datetime, removed: Sequence[Mapping] = ()):
+    """The accounting table's rows for one run, as an Arrow table built here from the
+    collected :func:`~etl.transforms.prepare.outcome_counts` (a few rows, whatever the
+    run's size: no Spark job): one per (source, outcome, stage, reason, filter reason)
+    processed (outcome: accepted, rejected, or error for internal errors), one
+    `unchanged` row per source that skipped any, and one `removed` row per (source,
+    table left, reason) of records removed. `run_at`: naive, in UTC."""
     import pyarrow as pa
 
+    rows = []
+    for r in outcome:
+        ok = r["status"] == "ok"
+        status = "accepted" if ok else "error" if r["reason"] == INTERNAL_ERROR else "rejected"
+        rows.append((run_id, run_at, r["source"], status, None if ok else r["stage"],
+                     None if ok else r["reason"] or "unknown",
+                     r["filter_reason"] if ok else None, int(r["count"])))
+    rows += unchanged_rows(unchanged, run_id=run_id, run_at=run_at)
+    rows += _removed(removed, run_id=run_id, run_at=run_at)
     names = ACCOUNTING_SCHEMA.fieldNames()
-    rows = unchanged_rows(unchanged, run_id=run_id, run_at=run_at)
     return pa.Table.from_pylist([dict(zip(names, r, strict=True)) for r in rows],
                                 schema=arrow_schema(ACCOUNTING_SCHEMA))
-
-
-def accounting_rows(outcome: DataFrame, unchanged: Mapping[str, int], *, run_id: str,
-                    run_at: datetime, removed: Sequence[Mapping] = ()) -> DataFrame:
-    """The accounting table's rows for one run: one per (source, outcome, stage, reason,
-    filter reason) processed (outcome: accepted, rejected, or error for internal
-    errors), one `unchanged` row per source that skipped any, and one `removed` row per
-    (source, table left, reason) of records removed."""
-    ok = F.col("status") == "ok"
-    processed = outcome.select(
-        F.lit(run_id).alias("run_id"),
-        F.lit(run_at).alias("run_at"),
-        "source",
-        F.when(ok, F.lit("accepted")).when(F.col("reason") == INTERNAL_ERROR, F.lit("error"))
-        .otherwise(F.lit("rejected")).alias("status"),
-        F.when(~ok, F.col("stage")).alias("stage"),
-        F.when(~ok, F.coalesce("reason", F.lit("unknown"))).alias("reason"),
-        F.when(ok, F.col("filter_reason")).alias("filter_reason"),
-        F.col("count").cast("long").alias("count"),
-    )
-    spark = outcome.sparkSession
-    skipped = spark.createDataFrame(unchanged_rows(unchanged, run_id=run_id, run_at=run_at),
-                                    ACCOUNTING_SCHEMA)
-    gone = removal_rows(spark, removed, run_id=run_id, run_at=run_at)
-    return (processed.unionByName(skipped).unionByName(gone)
-            .select(*ACCOUNTING_SCHEMA.fieldNames()))

@@ -12,6 +12,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl.config import FetchConfig, PrepareConfig, SourceConfig
+from etl.runtime.local import local_arrow
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
 from etl.transforms.fetch import fetch_outcome, needs_fetch
 from udfs.arrow_types import nullable_type
@@ -21,7 +22,7 @@ from udfs.ingest import FETCH_PREPARE_TYPE, fetch_prepare_batches, fetch_prepare
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
-           "rejected_rows", "outcome_counts", "OUTCOME_SCHEMA", "failure_examples"]
+           "rejected_rows", "outcome_counts", "failure_examples"]
 
 
 def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[SourceConfig],
@@ -72,7 +73,8 @@ def _fetch_prepare_here(df: DataFrame, args: Sequence[Column], fetch: FetchConfi
     """`df` with ``_fp`` (:data:`FETCH_PREPARE_TYPE`, null where the row is not to be
     processed) computed in this process, as a frame of local data."""
     names = [f"_fp_arg{i}" for i in range(len(args))]
-    table = df.select("*", *[a.alias(n) for a, n in zip(args, names, strict=True)]).toArrow()
+    table = local_arrow(df.select("*", *[a.alias(n) for a, n in zip(args, names,
+                                                                     strict=True)]))
     inputs = table.select(names).to_pandas()
     chunks = (tuple(inputs[n].iloc[i:i + _DRIVER_BATCH].reset_index(drop=True)
                     for n in names) for i in range(0, len(inputs), _DRIVER_BATCH))
@@ -149,12 +151,6 @@ def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
         "detail",
         F.lit(run_id).alias("run_id"),
     ).select(*REJECTS_SCHEMA.fieldNames())
-
-
-# The schema of :func:`outcome_counts`: a run that processes nothing builds an empty frame
-# of it (no Spark job), and the accounting reads it like any other.
-OUTCOME_SCHEMA = ("source string, stage string, status string, reason string, "
-                  "filter_reason string, count bigint, example struct<key:string,detail:string>")
 
 
 def outcome_counts(prepared: DataFrame) -> DataFrame:

@@ -19,6 +19,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from etl.runtime.local import local_arrow
 from etl.schema import (
     ACCOUNTING_SCHEMA,
     MANIFEST_SCHEMA,
@@ -156,7 +157,7 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
     ensure_table(spark, path, REJECTS_SCHEMA)
     key = "t.sample_id = s.sample_id AND t.stage = s.stage AND t.reason = s.reason AND "
     if driver_bound:
-        data = rejects.select(*REJECTS_SCHEMA.fieldNames()).toArrow()  # collected once
+        data = local_arrow(rejects.select(*REJECTS_SCHEMA.fieldNames()))  # collected once
         if _appended_new(data, path, REJECTS_SCHEMA, driver_bound) or merge_rows(
                 data, path, REJECTS_SCHEMA, key + "t.detail IS NOT DISTINCT FROM s.detail",
                 lambda m: m.when_not_matched_insert_all()):
@@ -196,14 +197,14 @@ def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
     ensure_table(spark, path, MANIFEST_SCHEMA)
     records = records.select(*MANIFEST_SCHEMA.fieldNames())
     if driver_bound and before is not None:
-        data = records.toArrow()
+        data = local_arrow(records)
         ids = spark.createDataFrame([(i,) for i in data.column("sample_id").to_pylist()],
                                     "sample_id string")
         if before.join(F.broadcast(ids), "sample_id", "left_semi").isEmpty() and \
                 append_rows(data, path, MANIFEST_SCHEMA):
             return
     elif driver_bound:
-        data = records.toArrow()  # collected once
+        data = local_arrow(records)  # collected once
         if _appended_new(data, path, MANIFEST_SCHEMA, driver_bound):
             return
     if driver_bound and merge_rows(
@@ -231,7 +232,7 @@ def merge_accounting(spark: SparkSession, rows, path: str) -> None:
     from delta.tables import DeltaTable
 
     names = ACCOUNTING_SCHEMA.fieldNames()
-    data = rows.select(names) if isinstance(rows, pa.Table) else rows.select(*names).toArrow()
+    data = rows.select(names) if isinstance(rows, pa.Table) else local_arrow(rows.select(*names))
     if _append_new_runs(data, path):  # the table exists with every column: no Spark
         return
     ensure_table(spark, path, ACCOUNTING_SCHEMA)

@@ -43,6 +43,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import MapType
 
 from etl.config import BucketSpec
+from etl.runtime.local import local_arrow
 from etl.writers.mds.buckets import bucket_name, bucket_set, spec_settings
 from etl.writers.mds.checksum import (
     NOT_CHECKSUMMED,
@@ -333,8 +334,8 @@ def _order_key(seed: int) -> Column:
 def _collect(rows: DataFrame, seed: int, name: str) -> pa.Table:
     """Rows the driver holds, collected once, with what spreads and orders them."""
     with _job(rows, f"collect {name}'s rows on the driver"):
-        return rows.select("*", F.hash("sample_id").alias(_PART_HASH),
-                           _order_key(seed).alias(_ORDER)).toArrow()
+        return local_arrow(rows.select("*", F.hash("sample_id").alias(_PART_HASH),
+                                       _order_key(seed).alias(_ORDER)))
 
 
 def _write_partitions(todo: _WriteSet, write, *, seed: int, small_rows: bool, name: str,

@@ -1,0 +1,80 @@
+"""Frames of local data, brought back to the driver without a Spark job.
+
+A small night's rows live on the driver (read, fetched and prepared there) and reach
+Spark as local data (``createDataFrame`` of an Arrow table). Spark's optimizer folds a
+projection or filter of local data into local data, and ``collect()`` of such a plan
+reads it on the driver; ``toArrow()`` always runs a job (1-2 s for the first in a cold
+driver JVM, for a handful of rows). :func:`local_arrow` is ``toArrow()`` that collects
+where the plan folded, and converts the rows to Arrow by the frame's own schema.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
+
+__all__ = ["is_local", "local_arrow", "local_frame"]
+
+_LOCAL_SCANS = ("LocalTableScanExec", "LocalTableScan")
+
+
+def is_local(df: DataFrame) -> bool:
+    """Whether `df`'s physical plan is a scan of local data (``collect`` runs no job);
+    False where the plan cannot be asked (a Spark Connect frame has no JVM handle)."""
+    jdf = getattr(df, "_jdf", None)
+    if jdf is None:
+        return False
+    plan = jdf.queryExecution().executedPlan()
+    return plan.getClass().getSimpleName() in _LOCAL_SCANS
+
+
+def local_arrow(df: DataFrame) -> pa.Table:
+    """``df.toArrow()``: the same table, collected without a Spark job where the plan is
+    local data (:func:`is_local`); by ``toArrow`` otherwise."""
+    if not is_local(df):
+        return df.toArrow()
+    schema = df.schema
+    rows = df.collect()
+    columns = [pa.array([_plain(r[i], f.dataType) for r in rows],
+                        to_arrow_schema(T.StructType([f])).field(0).type)
+               for i, f in enumerate(schema.fields)]
+    return pa.Table.from_arrays(columns, schema=to_arrow_schema(schema))
+
+
+def local_frame(spark, rows: list, schema: T.StructType) -> DataFrame:
+    """``spark.createDataFrame(rows, schema)`` as local data: Python rows (tuples, a
+    struct as a tuple, Row or dict) handed over as an Arrow table, so that projections
+    and filters of it fold into local data (``createDataFrame`` of a Python list makes
+    an RDD, which every later action scans in a job)."""
+    columns = [pa.array([_plain(r[i], f.dataType) for r in rows],
+                        to_arrow_schema(T.StructType([f])).field(0).type)
+               for i, f in enumerate(schema.fields)]
+    return spark.createDataFrame(pa.Table.from_arrays(columns, schema=to_arrow_schema(schema)),
+                                 schema)
+
+
+def _plain(value: Any, dtype: T.DataType) -> Any:
+    """A collected value as Arrow takes it for `dtype`: a struct's Row as a dict, a map
+    as pairs, and a timestamp -- which ``collect`` gives as a naive datetime in this
+    process's local time -- as the aware UTC instant it is."""
+    if value is None:
+        return None
+    if isinstance(dtype, T.StructType):
+        if isinstance(value, dict):
+            return {f.name: _plain(value.get(f.name), f.dataType) for f in dtype.fields}
+        return {f.name: _plain(value[i], f.dataType) for i, f in enumerate(dtype.fields)}
+    if isinstance(dtype, T.ArrayType):
+        return [_plain(v, dtype.elementType) for v in value]
+    if isinstance(dtype, T.MapType):
+        return [(_plain(k, dtype.keyType), _plain(v, dtype.valueType))
+                for k, v in value.items()]
+    if isinstance(dtype, T.TimestampType):
+        return value.astimezone(dt.UTC)
+    if isinstance(dtype, T.BinaryType):
+        return bytes(value)
+    return value
