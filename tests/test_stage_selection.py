@@ -50,3 +50,16 @@ except ImportError:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "raised where imported", out.stderr
+
+
+def test_changes_ahead_starts_the_later_stages_warm_up_once():
+    """A stage that knows the night is not a no-op says so once; the runner's hook (the
+    later stages' warm-up) runs then, and only once."""
+    from etl.runtime.stage import RunContext
+
+    calls = []
+    ctx = RunContext(run_id="r", on_changes=lambda: calls.append(1))
+    ctx.changes_ahead()
+    ctx.changes_ahead()
+    assert calls == [1]
+    RunContext(run_id="r").changes_ahead()  # outside a run's hook: nothing

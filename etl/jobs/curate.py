@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -654,12 +654,16 @@ def _result(cat: Catalog, ds, counts: tuple[SourceCounts, ...], purge: PurgeResu
                         examples=examples)
 
 
-def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
+def curate(spark: SparkSession, cfg: Config, run_id: str,
+           changes_ahead: Callable[[], None] = lambda: None) -> CurateResult:
+    """`changes_ahead`: called once the night is known not to be a no-op (the run's
+    later stages may start warming: :meth:`RunContext.changes_ahead`)."""
     paths, cat = tables.layout(cfg), Catalog.of(spark, cfg)
     now = datetime.now(UTC).replace(tzinfo=None)
     quiet = _check_quiet(cfg, cat)
     if quiet.hit:
         return _quiet_night(spark, cfg, cat, quiet, run_id, now)
+    changes_ahead()
     with _job(spark, "finish pending takedowns"):  # before anything reads the manifest
         pending = _finish_takedowns(spark, cfg, run_id, now)
     with _job(spark, "list sources, compare with the manifest"):
@@ -690,7 +694,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str) -> CurateResult:
 def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     """ingest + prepare + write: sources -> Lance `curated` + Delta `rejects`; records
     the sources no longer list out of every table."""
-    cur = curate(spark, cfg, ctx.run_id)
+    cur = curate(spark, cfg, ctx.run_id, ctx.changes_ahead)
     inputs, outputs = stage_metrics(cur.counts)
     tally = RowTally(rows=inputs["seen"], ok=outputs["accepted"], failed=outputs["rejected"],
                      internal_errors=outputs.get("internal_error", 0), examples=cur.examples,

@@ -299,15 +299,24 @@ def _over_budget(run: _Run, stage: str, result: StageResult, breach: BudgetBreac
 
 
 def _warm(cfg: Config, stages: list[Stage], ctx: RunContext, report: bool) -> None:
-    """Imports the run will need, started on threads to overlap the Spark start-up
-    (etl.runtime.warm): each stage's own (:attr:`Stage.warm`), and the report's."""
-    for stage in stages:
-        warm = stage.load_warm()
-        if warm is not None:
-            warm(cfg, ctx)
+    """Imports the run will need, on threads (etl.runtime.warm): the report's, started
+    now to overlap the Spark start-up; the stages' own (:attr:`Stage.warm`, e.g. the
+    export's writer), once a stage says the run will change tables
+    (:meth:`RunContext.changes_ahead`: a no-op night warms nothing) -- or now, when the
+    first stage is one of them."""
     if report:
         import_in_background("etl.report.figures", "etl.report.html",
                              name="lakeshard-report-import")
+    warms = [w for w in (s.load_warm() for s in stages) if w is not None]
+
+    def start() -> None:
+        for warm in warms:
+            warm(cfg, ctx)
+
+    if warms and stages[0].warm is not None:
+        start()
+    elif warms:
+        ctx.on_changes = start
 
 
 def _start_spark(cfg: Config, out: RunOutcome):

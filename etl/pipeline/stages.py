@@ -9,8 +9,9 @@ starts, its typed options (``"module:Class"``, a frozen dataclass beside the sta
 fields are the command's flags, :mod:`etl.runtime.options`), and what the command prints
 (``"module:function"``, ``(cfg, options, StageResult) -> str``; none: a pipeline command,
 which prints the run's summary), and what it warms (``"module:function"``, ``(cfg, ctx)
--> None``, run after the checks: imports the stage will need, started on a thread while
-Spark starts). The CLI builds its subcommands from these entries.
+-> None``: imports the stage will need, started on a thread once an earlier stage of the
+run says it will change tables, :meth:`RunContext.changes_ahead`, or before Spark
+starts when the stage runs first). The CLI builds its subcommands from these entries.
 `run.stages:` in the config, ``--only`` and ``--skip`` choose among :data:`STAGES`, never
 reorder them. Adding a stage is one entry, placed where it belongs in the order.
 """
@@ -42,8 +43,8 @@ class Stage:
     options: str | None = None  # "module:Class", the command's typed options
     render: str | None = None  # "module:function", what the command prints
     details: str | None = None  # the command's --help paragraph, where one line is not enough
-    warm: str | None = None  # "module:function", (cfg, ctx) -> None: imports started
-    # on a thread before Spark starts (etl.runtime.warm), for what the stage will need
+    warm: str | None = None  # "module:function", (cfg, ctx) -> None: imports the
+    # stage will need, started on a thread (etl.runtime.warm; when: the runner's _warm)
 
 
     def load(self) -> Callable[..., StageResult]:

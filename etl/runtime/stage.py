@@ -4,6 +4,7 @@ ledger rows, timings, progress and the report around every stage."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -66,6 +67,8 @@ class RunContext:
     continued: bool = False
     # The run is one command (`lakeshard dedup`), not a stage of `lakeshard run`.
     command: bool = False
+    # What :meth:`changes_ahead` starts (the runner's: later stages' warm-up); once.
+    on_changes: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.options = tuple(self.options)
@@ -77,6 +80,15 @@ class RunContext:
         if len(set(kinds)) != len(kinds):
             raise TypeError("RunContext options: "
                             f"{', '.join(k.__name__ for k in kinds)} holds one twice")
+
+    def changes_ahead(self) -> None:
+        """The running stage knows it will change tables (a night with new records, not
+        a no-op): what later stages will need may start warming now, on threads, while
+        it works (:attr:`etl.pipeline.stages.Stage.warm`). Once per run; nothing
+        outside a run."""
+        hook, self.on_changes = self.on_changes, None
+        if hook is not None:
+            hook()
 
     def options_for(self, cls: type[_O]) -> _O:
         """The options of type `cls` this run was given, else `cls`'s defaults."""
