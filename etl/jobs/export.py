@@ -154,6 +154,12 @@ def _read_curated(spark: SparkSession, curated_path: str, version: int, columns:
     return _Curated(reader.load(curated_path).persist(StorageLevel.MEMORY_AND_DISK))
 
 
+def _held_without(held: pa.Table, ids: list[str]) -> pa.Table:
+    """The rows the driver holds, but those of `ids`."""
+    return held.filter(pc.invert(pc.is_in(held.column("sample_id"),
+                                          pa.array(ids, pa.string()))))
+
+
 def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated: _Curated,
                    matching: int, memo: _Memo
                    ) -> tuple[DataFrame | None, list[str] | None, int, dict, dict | None]:
@@ -175,8 +181,7 @@ def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated:
     known = memo.dedup(inputs)  # the same versions: the same figures, no table read
     if known is None and curated.held is not None and listed is not None:
         # Rows and duplicates both on the driver: counted here (no Spark job).
-        left_out = pc.is_in(curated.held.column("sample_id"), pa.array(listed, pa.string()))
-        expected = curated.held.num_rows - pc.sum(left_out).as_py()
+        expected = _held_without(curated.held, listed).num_rows
         known = (expected, matching - expected, ids_fingerprint_here(listed))
     elif known is None:
         expected = curated.frame.select("sample_id").join(duplicates, "sample_id",
@@ -275,9 +280,7 @@ def _write(cfg: Config, name: str, exp, cols: _Columns, curated: _Curated,
     if curated.held is not None and chosen.left_out_ids is not None:
         # The rows and those left out, both on the driver: left out here, so that the
         # rows stay local data (the writer collects them without a Spark job).
-        held = curated.held
-        kept = held.filter(pc.invert(pc.is_in(held.column("sample_id"),
-                                              pa.array(chosen.left_out_ids, pa.string()))))
+        kept = _held_without(curated.held, chosen.left_out_ids)
         frame, left_out = frame.sparkSession.createDataFrame(kept, frame.schema), None
     rows = export_rows(frame, cols.mapping, captions=set(exp.captions),
                        fetched=set(cols.fetched), duplicates=left_out,
@@ -362,9 +365,10 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
 
 
 def warm(cfg: Config, ctx: RunContext) -> None:
-    """Before Spark starts: when the curated table's rows are few enough for the driver
-    to hold (and so, likely, to write an export's few or changed rows), start importing
-    streaming's writer, so that it overlaps the Spark start-up instead of the export."""
+    """The stage's warm-up (:attr:`etl.pipeline.stages.Stage.warm`): when the curated
+    table's rows are few enough for the driver to hold (and so, likely, to write an
+    export's few or changed rows), start importing streaming's writer on a thread, so
+    that it overlaps the stages before the export instead of the export itself."""
     path = tables.layout(cfg).curated
     if not _names(cfg, ctx) or not storage.lance_exists(path):
         return

@@ -38,12 +38,7 @@ def local_arrow(df: DataFrame) -> pa.Table:
     local data (:func:`is_local`); by ``toArrow`` otherwise."""
     if not is_local(df):
         return df.toArrow()
-    schema = df.schema
-    rows = df.collect()
-    columns = [pa.array([_plain(r[i], f.dataType) for r in rows],
-                        to_arrow_schema(T.StructType([f])).field(0).type)
-               for i, f in enumerate(schema.fields)]
-    return pa.Table.from_arrays(columns, schema=to_arrow_schema(schema))
+    return _arrow(df.collect(), df.schema)
 
 
 def local_frame(spark, rows: list, schema: T.StructType) -> DataFrame:
@@ -51,11 +46,15 @@ def local_frame(spark, rows: list, schema: T.StructType) -> DataFrame:
     struct as a tuple, Row or dict) handed over as an Arrow table, so that projections
     and filters of it fold into local data (``createDataFrame`` of a Python list makes
     an RDD, which every later action scans in a job)."""
-    columns = [pa.array([_plain(r[i], f.dataType) for r in rows],
-                        to_arrow_schema(T.StructType([f])).field(0).type)
+    return spark.createDataFrame(_arrow(rows, schema), schema)
+
+
+def _arrow(rows: list, schema: T.StructType) -> pa.Table:
+    """Python rows of `schema` as the Arrow table Spark's ``toArrow`` gives for it."""
+    arrow = to_arrow_schema(schema)
+    columns = [pa.array([_plain(r[i], f.dataType) for r in rows], arrow.field(i).type)
                for i, f in enumerate(schema.fields)]
-    return spark.createDataFrame(pa.Table.from_arrays(columns, schema=to_arrow_schema(schema)),
-                                 schema)
+    return pa.Table.from_arrays(columns, schema=arrow)
 
 
 def _plain(value: Any, dtype: T.DataType) -> Any:

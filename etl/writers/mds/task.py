@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from etl.config import BucketSpec
 from etl.runtime.faults import fault_point
+from etl.runtime.warm import import_in_background
 from etl.writers.mds.buckets import BucketRouter
 from etl.writers.mds.checksum import PART_IDS, PART_META
 
@@ -170,22 +171,15 @@ _warming: threading.Thread | None = None
 
 def warm_writer() -> None:
     """Start importing streaming's MDS writer (and torch with it: ~2-3 s in a fresh
-    process) on a thread of this process, so that it overlaps the Spark jobs the caller
-    runs before a write made here (:func:`write_here`), which waits for it. Once per
+    process) on a thread of this process (:mod:`etl.runtime.warm`), so that it overlaps
+    what the process does before a write made here (:func:`write_here`), which waits
+    for it. Once per
     process; a failed import is left for :func:`write_here` to raise."""
     global _warming
     if _warming is not None or "etl.writers.mds.writer" in sys.modules:
         return
-
-    def load() -> None:
-        try:
-            _lean_streaming()
-            import etl.writers.mds.writer  # noqa: F401 -- and streaming's encodings
-        except ImportError:
-            pass
-
-    _warming = threading.Thread(target=load, name="lakeshard-mds-import", daemon=True)
-    _warming.start()
+    _lean_streaming()  # bare packages registered here: quick, no import runs
+    _warming = import_in_background("etl.writers.mds.writer", name="lakeshard-mds-import")
 
 
 def _writer_here() -> None:
