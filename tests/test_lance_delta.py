@@ -152,3 +152,33 @@ def test_the_driver_reads_and_appends_as_the_data_source_does(spark, tmp_path):
         assert sorted(here.collect()) == sorted(in_spark.collect()), where
     addr = read_local(spark, path, 2, ["id"], "id = 31", row_address=True).first()
     assert ds._take_rows([addr._rowaddr], columns=["id"]).to_pylist() == [{"id": 31}]
+
+
+def test_append_frame_writes_in_tasks_and_commits_here(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    from etl.writers.lance import append_frame
+
+    path = str(tmp_path / "a.lance")
+    # A first write creates the table: one fragment per task, one version.
+    assert append_frame(_frame(spark, 20).repartition(3), path) == 20
+    ds = lance.dataset(path)
+    assert (ds.version, ds.count_rows(), len(ds.get_fragments())) == (1, 20, 3)
+    # An append is cast to the table's types: one more version.
+    more = _frame(spark, 5, offset=20).withColumn("id", F.col("id").cast("int"))
+    assert append_frame(more, path) == 5
+    ds = lance.dataset(path)
+    assert (ds.version, ds.count_rows()) == (2, 25)
+    assert ds.schema.field("id").type == pa.int64()
+    got = {r["id"]: r["width"] for r in ds.to_table(columns=["id", "width"]).to_pylist()}
+    assert got == {i: i * 10 for i in range(25)}
+    # Spark reads what was appended as the data source wrote it.
+    assert spark.read.format("lance").load(path).where("id >= 20").count() == 5
+    with pytest.raises(ValueError, match="no column 'nope'"):
+        append_frame(_frame(spark, 2).withColumn("nope", F.lit(1)), path)
+    # A failed task commits nothing.
+    bad = _frame(spark, 10).withColumn(
+        "id", F.when(F.col("id") == 7, F.raise_error(F.lit("boom"))).otherwise(F.col("id")))
+    with pytest.raises(Exception, match="boom"):
+        append_frame(bad, path)
+    assert (lance.dataset(path).version, lance.dataset(path).count_rows()) == (2, 25)

@@ -257,3 +257,44 @@ def test_list_tar_reads_one_shard_into_records_and_rejects(tmp_path):
     not_a_tar.write_bytes(b"\x01" * 2048)
     assert [(r["source_key"], r["read_reason"]) for r in list_tar(
         f"file:{not_a_tar}", 2048, "fp3", {})] == [("n.tar#unreadable", "broken_tar")]
+
+
+def test_a_small_local_table_is_read_on_the_driver_as_spark_tasks_read_it(
+        spark, tmp_path, monkeypatch):
+    import os
+
+    from etl.runtime.local import is_local
+    from etl.sources import file_table
+
+    root = tmp_path / "tables"
+    (root / "imgs").mkdir(parents=True)
+    (root / "imgs" / "a.jpg").write_bytes(jpeg_bytes())
+    pq.write_table(pa.table({"id": ["p1", "p2", None], "u": ["imgs/a.jpg", "../x.jpg", "y"],
+                             "c": ["one", "two", "three"], "q": [0.1, 0.2, 0.3]}),
+                   root / "a.parquet")
+    (root / "b.csv").write_text("id,u,c,q\nc1,imgs/a.jpg,csv,1\nc2,only,two\n")
+    (root / "c.jsonl").write_text(
+        json.dumps({"id": "j1", "u": "https://example.org/j.jpg", "c": "json"})
+        + "\nnot json\n")
+    (root / "d.parquet").write_bytes(b"PAR1 not a parquet file")
+    os.mkfifo(root / "e.csv")
+    src = SourceConfig(name="t", kind="table", path=str(root),
+                       columns={"key": "id", "url": "u", "caption": "c", "quality": "q"})
+    adapter = adapter_for("table")
+
+    def read():
+        df = finish_ingest(adapter.read(spark, src), src)
+        return df, sorted(tuple(r) for r in df.collect())
+
+    here, rows_here = read()
+    monkeypatch.setattr(file_table, "DRIVER_READ_BYTES", -1)
+    in_tasks, rows_in_tasks = read()
+    # On the driver: local data, no Python worker in the plan; above the bound: tasks.
+    assert is_local(here) and not is_local(in_tasks)
+    assert rows_here == rows_in_tasks
+    got = {r[SOURCE_COLUMNS.index("source_key")]: r[SOURCE_COLUMNS.index("read_reason")]
+           for r in rows_here}
+    assert got == {"p1": None, "p2": "outside_source", "null-key:a.parquet#2": "missing_key",
+                   "c1": None, "b.csv#row3": "malformed_row", "j1": None,  # its line
+                   "c.jsonl#line2": "malformed_row", "d.parquet#unreadable": "unreadable_file",
+                   "e.csv#unreadable": "unreadable_file"}

@@ -45,7 +45,7 @@ from etl.writers.delta import (
     read_columns,
     update_takedowns,
 )
-from etl.writers.lance import append_local, delete_rows
+from etl.writers.lance import append_frame, append_local, delete_rows
 
 __all__ = ["DRIVER_IDS", "Manifest", "Rejects", "Accounting", "Takedowns", "Curated",
            "Catalog"]
@@ -240,7 +240,7 @@ class Curated:
         if on_driver:
             append_local(self.path, local_arrow(rows))
         else:
-            rows.write.format("lance").mode("append").save(self.path)
+            append_frame(rows, self.path)
         ensure_scalar_indexes(self.path, self.cfg.lakehouse.scalar_indexes)
 
 

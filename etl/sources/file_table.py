@@ -114,15 +114,16 @@ class TableSource(SourceAdapter):
                 f"{where}.format: {source.format!r} is not one of {', '.join(_FORMATS)}"
             )
 
-    def _files(self, source: SourceConfig) -> list[tuple[str, str, str | None, str | None]]:
-        """(uri, format, problem, problem detail) of each data file."""
+    def _files(self, source: SourceConfig
+               ) -> list[tuple[str, str, str | None, str | None, int]]:
+        """(uri, format, problem, problem detail, size in bytes) of each data file."""
         files = []
         for f in expand_pattern(source.path, source.follow_symlinks):
             fmt = source.format or _EXT_FORMAT.get(os.path.splitext(f.uri)[1].lower())
             if fmt is None:
                 continue  # _SUCCESS, README… next to the data files
             files.append((f.uri, "jsonl" if fmt == "json" else fmt,
-                          *(f.problem or (None, None))))
+                          *(f.problem or (None, None)), f.size))
         return files
 
     def listing_digest(self, source: SourceConfig) -> str | None:
@@ -154,8 +155,8 @@ class TableSource(SourceAdapter):
         files = self._files(source)
         mapping = dict(source.columns)
         limits = RowLimits.of(source)
-        units = spark.createDataFrame(
-            files, "uri string, format string, problem string, problem_detail string")
+        units = [dict(zip(("uri", "format", "problem", "problem_detail"), f[:4], strict=True))
+                 for f in files]
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
@@ -173,7 +174,28 @@ class TableSource(SourceAdapter):
                         if rows:
                             yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
 
-        return units.mapInArrow(run, RAW_SCHEMA)
+        if _read_here(files):
+            # A small local table (a URL list): read here by the same function, handed
+            # to Spark as local data -- no Spark job and no Python worker to list it.
+            read = list(run(iter([pa.RecordBatch.from_pylist(units)])))
+            return spark.createDataFrame(
+                pa.Table.from_batches(read, schema=RAW_ARROW_SCHEMA), RAW_SCHEMA)
+        return spark.createDataFrame(
+            [tuple(u.values()) for u in units],
+            "uri string, format string, problem string, problem_detail string",
+        ).mapInArrow(run, RAW_SCHEMA)
+
+
+# The most bytes of local table files a source's listing reads on the driver (a URL list
+# of ~100,000 rows); larger tables, and tables on object storage, are read by Spark tasks.
+DRIVER_READ_BYTES = 16 << 20
+
+
+def _read_here(files: list[tuple]) -> bool:
+    """Whether a table's files are read on the driver: all local, together within
+    :data:`DRIVER_READ_BYTES`."""
+    return bool(files) and all(f[0].startswith("file:") for f in files) and sum(
+        f[4] for f in files) <= DRIVER_READ_BYTES
 
 
 def _peek_columns(path: str, fmt: str) -> list[str] | None:
@@ -290,7 +312,7 @@ def _read_file(uri: str, fmt: str, mapping: dict[str, str],
             with _open(uri) as fh:
                 table = pcsv.read_csv(
                     fh,
-                    read_options=pcsv.ReadOptions(block_size=_CSV_BLOCK),
+                    read_options=pcsv.ReadOptions(block_size=_CSV_BLOCK, use_threads=False),
                     parse_options=pcsv.ParseOptions(invalid_row_handler=on_invalid),
                     convert_options=pcsv.ConvertOptions(strings_can_be_null=True),
                 )

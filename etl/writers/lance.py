@@ -53,8 +53,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 __all__ = [
-    "LanceDataSource", "table_version", "delete_rows", "deleted_per_fragment", "FRAGMENT_ID",
-    "ROW_ADDRESS",
+    "LanceDataSource", "append_frame", "table_version", "delete_rows", "deleted_per_fragment",
+    "FRAGMENT_ID", "ROW_ADDRESS",
 ]
 
 # Read option ``fragment_id``: adds this int column (the Lance fragment each row lives in),
@@ -231,6 +231,39 @@ def append_local(path: str, table: pa.Table, max_rows_per_file: int = 1024 * 102
     arrow = _append_schema(path, table.schema) if _exists(path) else table.schema
     writer = _LanceWriter(path, arrow, False, max_rows_per_file)
     writer.commit([writer.write(iter(table.to_batches()))])
+
+
+# What each task of append_frame returns: its fragments' metadata (JSON) and row count.
+_TASK_RESULT = pa.schema([pa.field("fragments_json", pa.list_(pa.string())),
+                          pa.field("rows", pa.int64())])
+
+
+def append_frame(df, path: str, max_rows_per_file: int = 1024 * 1024) -> int:
+    """Append `df`'s rows to the Lance table at `path` (created by a first write); the
+    number of rows appended.
+
+    The write and commit of a ``format("lance")`` append -- each Spark task writes its
+    rows as fragments (``mapInArrow``), and this process commits them all in one
+    transaction -- without what Spark adds around a Python data source's write: a
+    Python process it starts on the driver to plan the write and another to commit it
+    (together ~4 s of a cold night's curate, measured). As with the data source, a
+    failed task or job commits nothing; its data files stay unreferenced."""
+    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+    arrow = to_arrow_schema(df.schema)
+    if _exists(path):
+        arrow = _append_schema(path, arrow)
+    writer = _LanceWriter(path, arrow, False, max_rows_per_file)
+
+    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        done = writer.write(batches)
+        yield pa.RecordBatch.from_pylist(
+            [{"fragments_json": done.fragments_json, "rows": done.rows}], schema=_TASK_RESULT)
+
+    results = df.mapInArrow(write, from_arrow_schema(_TASK_RESULT)).collect()
+    messages = [_LanceCommit(list(r["fragments_json"]), r["rows"]) for r in results]
+    writer.commit(messages)
+    return sum(m.rows for m in messages)
 
 
 def _rebuild_empty_lists(batch: pa.RecordBatch) -> pa.RecordBatch:
