@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+import pyarrow as pa
 from pyspark.sql import functions as F
 from support import jpeg_bytes, png_bytes
 
@@ -101,3 +102,39 @@ def test_failure_examples_put_internal_errors_first_then_the_commonest():
     )
     assert failure_examples(outcome, 2) == failure_examples(outcome, 10)[:2]
     assert failure_examples(outcome[:1], 3) == ()
+
+
+def test_outcome_counts_of_local_rows_here_equal_spark_aggregate(spark):
+    from etl.runtime.local import is_local
+    from etl.transforms.prepare import outcome_counts_here
+
+    rows = [  # source, stage, status, reason, filter_reason, key, detail
+        ("s1", "prepare", "ok", None, None, "k1", None),
+        ("s1", "prepare", "ok", None, "too_small", "k2", None),
+        ("s1", "prepare", "rejected", "undecodable", None, "k3", "b"),
+        ("s1", "prepare", "rejected", "undecodable", None, "k3", None),  # null first
+        ("s1", "prepare", "rejected", "undecodable", None, "k30", "a"),
+        ("s2", "ingest", "rejected", "missing_image", None, "k\u00e9", "x"),
+        ("s2", "ingest", "rejected", "missing_image", None, "kz", "y"),  # by UTF-8 bytes
+        ("s2", "fetch", "error", "internal_error", None, "k9", "boom"),
+    ]
+    table = pa.table({
+        "source": [r[0] for r in rows], "stage": [r[1] for r in rows],
+        "status": [r[2] for r in rows], "reason": [r[3] for r in rows],
+        "prepared": pa.array([{"filter_reason": r[4]} for r in rows],
+                             pa.struct([("filter_reason", pa.string())])),
+        "source_key": [r[5] for r in rows], "detail": [r[6] for r in rows]})
+    local = spark.createDataFrame(table)
+    assert is_local(local)
+
+    def plain(out):
+        return sorted(((r.source, r.stage, r.status, r.reason, r.filter_reason, r["count"],
+                        None if r.example is None else tuple(r.example)) for r in out),
+                      key=repr)
+
+    here = outcome_counts_here(local)
+    assert plain(here) == plain(outcome_counts(local).collect())
+    assert [r.__fields__ for r in here[:1]] == [outcome_counts(local).columns]
+    examples = {r.reason: tuple(r.example) for r in here if r.example is not None}
+    assert examples == {"undecodable": ("k3", None), "missing_image": ("kz", "y"),
+                        "internal_error": ("k9", "boom")}

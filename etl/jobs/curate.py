@@ -79,6 +79,7 @@ from etl.transforms.prepare import (
     failure_examples,
     fetch_and_prepare,
     outcome_counts,
+    outcome_counts_here,
     prepared_outcomes,
     rejected_rows,
 )
@@ -464,10 +465,13 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     )
     if refused is not None:
         prepared = refuse_prepared(prepared, refused)  # the same picture, re-encoded
-    if not (diff.on_driver and is_local(prepared)):
-        # Local data (a few records, on the driver) is read again without a job.
+    if diff.on_driver and is_local(prepared):
+        # Local data (a few records, on the driver) is read again without a job, and
+        # counted here.
+        outcome_rows = outcome_counts_here(prepared)
+    else:
         prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
-    outcome_rows = outcome_counts(prepared).collect()
+        outcome_rows = outcome_counts(prepared).collect()
     return _Prepared(prepared, outcome_rows,
                      failure_examples(outcome_rows, cfg.run.budgets.examples), diff.on_driver)
 
