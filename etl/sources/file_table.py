@@ -155,8 +155,7 @@ class TableSource(SourceAdapter):
         files = self._files(source)
         mapping = dict(source.columns)
         limits = RowLimits.of(source)
-        units = [dict(zip(("uri", "format", "problem", "problem_detail"), f[:4], strict=True))
-                 for f in files]
+        units = [f[:4] for f in files]  # what `run` reads of each file
 
         def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
@@ -177,13 +176,17 @@ class TableSource(SourceAdapter):
         if _read_here(files):
             # A small local table (a URL list): read here by the same function, handed
             # to Spark as local data -- no Spark job and no Python worker to list it.
-            read = list(run(iter([pa.RecordBatch.from_pylist(units)])))
-            return spark.createDataFrame(
-                pa.Table.from_batches(read, schema=RAW_ARROW_SCHEMA), RAW_SCHEMA)
+            batch = pa.RecordBatch.from_arrays(
+                [pa.array([u[i] for u in units], pa.string()) for i in range(4)],
+                names=_UNIT_FIELDS)
+            return spark.createDataFrame(pa.Table.from_batches(
+                list(run(iter([batch]))), schema=RAW_ARROW_SCHEMA), RAW_SCHEMA)
         return spark.createDataFrame(
-            [tuple(u.values()) for u in units],
-            "uri string, format string, problem string, problem_detail string",
-        ).mapInArrow(run, RAW_SCHEMA)
+            units, ", ".join(f"{n} string" for n in _UNIT_FIELDS)).mapInArrow(run, RAW_SCHEMA)
+
+
+# The columns of the file list `read` hands to `run` (one row per data file).
+_UNIT_FIELDS = ("uri", "format", "problem", "problem_detail")
 
 
 # The most bytes of local table files a source's listing reads on the driver (a URL list

@@ -228,8 +228,7 @@ def append_local(path: str, table: pa.Table, max_rows_per_file: int = 1024 * 102
     """Append `table` (a frame's ``toArrow()``) from this process: the same write and
     commit as a ``format("lance")`` append's tasks and driver (a first write creates the
     table with the table's schema)."""
-    arrow = _append_schema(path, table.schema) if _exists(path) else table.schema
-    writer = _LanceWriter(path, arrow, False, max_rows_per_file)
+    writer = _writer(path, table.schema, False, max_rows_per_file)
     writer.commit([writer.write(iter(table.to_batches()))])
 
 
@@ -250,10 +249,7 @@ def append_frame(df, path: str, max_rows_per_file: int = 1024 * 1024) -> int:
     failed task or job commits nothing; its data files stay unreferenced."""
     from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
-    arrow = to_arrow_schema(df.schema)
-    if _exists(path):
-        arrow = _append_schema(path, arrow)
-    writer = _LanceWriter(path, arrow, False, max_rows_per_file)
+    writer = _writer(path, to_arrow_schema(df.schema), False, max_rows_per_file)
 
     def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         done = writer.write(batches)
@@ -347,10 +343,15 @@ class LanceDataSource(DataSource):
 
         path = self._path()
         max_rows = int(self.options.get("max_rows_per_file", 1024 * 1024))
-        arrow = to_arrow_schema(schema)
-        if not overwrite and _exists(path):
-            arrow = _append_schema(path, arrow)
-        return _LanceWriter(path, arrow, overwrite, max_rows)
+        return _writer(path, to_arrow_schema(schema), overwrite, max_rows)
+
+
+def _writer(path: str, given: pa.Schema, overwrite: bool, max_rows_per_file: int
+            ) -> _LanceWriter:
+    """The writer of `given` columns to `path`: an append to an existing table writes
+    them as the table types them (:func:`_append_schema`)."""
+    arrow = _append_schema(path, given) if not overwrite and _exists(path) else given
+    return _LanceWriter(path, arrow, overwrite, max_rows_per_file)
 
 
 def _append_schema(path: str, given: pa.Schema) -> pa.Schema:
