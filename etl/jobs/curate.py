@@ -82,7 +82,9 @@ from etl.transforms.prepare import (
     outcome_counts_here,
     prepared_outcomes,
     rejected_rows,
+    with_curated_struct,
 )
+from etl.writers.lance import FRAGMENTS, PendingAppend
 
 __all__ = ["CurateResult", "list_sources", "curate", "stage"]
 
@@ -411,11 +413,14 @@ def _find_removed(spark: SparkSession, cfg: Config, diff: _Diff) -> _Removals:
 @dataclass
 class _Prepared:
     """Step "fetch and prepare": every record processed this run, with its outcome."""
-    rows: DataFrame | None  # prepared rows, image bytes dropped (persisted, or local
-    # data); None: none
+    rows: DataFrame | None  # prepared rows (persisted, their JPEGs already written as
+    # Lance fragments; or local data, with them); None: none
     outcome_rows: list  # outcome_counts(rows), collected
     examples: tuple[str, ...]  # a few failed records, for the failure budgets' messages
     on_driver: bool = False  # `rows` are local data, prepared on the driver
+    written: PendingAppend | None = None  # the accepted rows, written by the tasks that
+    # prepared them, to commit (not on the driver)
+    fragments: tuple = ()  # what `written`'s tasks wrote, one list per task
 
     @classmethod
     def nothing(cls) -> _Prepared:
@@ -432,14 +437,16 @@ class _Prepared:
 
 
 def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
-                       diff: _Diff) -> _Prepared:
+                       diff: _Diff, run_id: str, now: datetime) -> _Prepared:
     """Refuse what a takedown names, fetch referenced images and prepare them (one
-    UDF), refuse what a takedown names by the source bytes' or the JPEG's hash."""
+    UDF), refuse what a takedown names by the source bytes' or the JPEG's hash. In
+    Spark's tasks, the accepted rows are then written as fragments of Lance `curated`
+    in the same task (committed by :func:`_write_curated`)."""
     if diff.has_manifest and storage.lance_exists(paths.curated) and all(
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing()  # a night with nothing new
     refused = diff.refused
-    todo = mark_duplicate_keys(diff.listed.where(~F.col("unchanged")))
+    todo = _task_layout(mark_duplicate_keys(diff.listed.where(~F.col("unchanged"))), diff)
     if refused is not None:
         todo = refuse_taken_down(todo, refused)  # by key and URL: nothing fetched
     # One Python UDF fetches, hashes the source bytes and prepares (they never return);
@@ -465,15 +472,40 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     )
     if refused is not None:
         prepared = refuse_prepared(prepared, refused)  # the same picture, re-encoded
+    budget = cfg.run.budgets.examples
     if diff.on_driver and is_local(prepared):
         # Local data (a few records, on the driver) is read again without a job, and
         # counted here.
         outcome_rows = outcome_counts_here(prepared)
-    else:
-        prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
-        outcome_rows = outcome_counts(prepared).collect()
-    return _Prepared(prepared, outcome_rows,
-                     failure_examples(outcome_rows, cfg.run.budgets.examples), diff.on_driver)
+        return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
+                         on_driver=True)
+    # Each task writes the JPEGs of its accepted rows to Lance where it made them; the
+    # rest of each row is kept (not the JPEGs) for the counts, rejects and manifest.
+    staged, written = Catalog.of(spark, cfg).curated.write_in_tasks(with_curated_struct(
+        prepared, "_curated", run_id=run_id, ingested_at=F.lit(now), extra=UPSTREAM_COLUMNS),
+        "_curated")
+    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
+    fragments = tuple(r[0] for r in staged.where(F.col(FRAGMENTS).isNotNull())
+                      .select(FRAGMENTS).collect())
+    prepared = staged.drop(FRAGMENTS)
+    outcome_rows = outcome_counts(prepared).collect()
+    return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
+                     written=written, fragments=fragments)
+
+
+# New records per fetch + prepare task, each writing its own Lance fragment: a night of
+# a few hundred new records adds one fragment, however many partitions the listing has.
+_ROWS_PER_TASK = 512
+
+
+def _task_layout(todo: DataFrame, diff: _Diff) -> DataFrame:
+    """`todo` in one partition per :data:`_ROWS_PER_TASK` new records, where the
+    listing has more partitions than that (merged, not shuffled)."""
+    if diff.on_driver:
+        return todo
+    new = sum(st["n"] - st["unchanged"] for st in diff.stats.values())
+    tasks = max(1, -(-new // _ROWS_PER_TASK))
+    return todo.coalesce(tasks) if tasks < todo.rdd.getNumPartitions() else todo
 
 
 def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep: _Prepared,
@@ -482,14 +514,6 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
     being rewritten; the number of rows replaced."""
     if prep.rows is None:
         return 0
-    accepted = accepted_rows(prep.rows, run_id=run_id, ingested_at=F.lit(now),
-                             extra=UPSTREAM_COLUMNS)
-    # One Lance fragment per write task, of up to 512 accepted rows (fewer when the
-    # run's tasks hold fewer): a small night adds one fragment, not one per listing
-    # partition. Partitions of the persisted rows are merged, the JPEGs not shuffled.
-    fragments = max(1, -(-prep.accepted // 512))
-    if not prep.on_driver and fragments < accepted.rdd.getNumPartitions():
-        accepted = accepted.coalesce(fragments)
     replaced = 0
     if prep.processed:  # a run with nothing new writes nothing but its accounting
         replaced = _replace_changed(
@@ -498,7 +522,12 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
         )
     if prep.accepted or not storage.lance_exists(paths.curated):
         # Scalar indexes on the columns analysts filter by extend to the new fragments.
-        Catalog.of(spark, cfg).curated.append(accepted, on_driver=prep.on_driver)
+        curated = Catalog.of(spark, cfg).curated
+        if prep.written is not None:
+            curated.commit(prep.written, prep.fragments)
+        else:
+            curated.append(accepted_rows(prep.rows, run_id=run_id, ingested_at=F.lit(now),
+                                         extra=UPSTREAM_COLUMNS), on_driver=True)
     if replaced:
         log.info("curate: replaced %d curated rows of changed records", replaced)
     return replaced
@@ -673,10 +702,10 @@ def curate(spark: SparkSession, cfg: Config, run_id: str,
     with _job(spark, "list sources, compare with the manifest"):
         diff = _diff_sources(spark, cfg, cat)
         removals = _find_removed(spark, cfg, diff)
-    with _job(spark, "fetch + prepare new records"):
-        prep = _fetch_and_prepare(spark, cfg, paths, diff)
+    with _job(spark, "fetch + prepare new records, write them to Lance"):
+        prep = _fetch_and_prepare(spark, cfg, paths, diff, run_id, now)
     fault_point("curate:prepared")
-    with _job(spark, "append to Lance curated"):
+    with _job(spark, "commit Lance curated"):
         _write_curated(spark, cfg, paths, prep, run_id, now)
     fault_point("curate:lance_written")
     with _job(spark, "merge Delta rejects, manifest, accounting"):

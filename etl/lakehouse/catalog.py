@@ -45,7 +45,13 @@ from etl.writers.delta import (
     read_columns,
     update_takedowns,
 )
-from etl.writers.lance import append_frame, append_local, delete_rows
+from etl.writers.lance import (
+    PendingAppend,
+    append_frame,
+    append_local,
+    delete_rows,
+    write_in_tasks,
+)
 
 __all__ = ["DRIVER_IDS", "Manifest", "Rejects", "Accounting", "Takedowns", "Curated",
            "Catalog"]
@@ -232,6 +238,18 @@ class Curated:
         existing = spark.read.format("lance").option("columns", "sample_id").load(self.path)
         return [r.sample_id for r in existing.join(ids.select("sample_id"), "sample_id",
                                                    "left_semi").collect()]
+
+    def write_in_tasks(self, df: DataFrame, column: str) -> tuple[DataFrame, PendingAppend]:
+        """`df` whose Spark tasks write the non-null values of the struct `column` (rows
+        of this table) as fragments, and the append to commit them
+        (:func:`etl.writers.lance.write_in_tasks`)."""
+        return write_in_tasks(df, column, self.path)
+
+    def commit(self, written: PendingAppend, fragments) -> None:
+        """Commit the fragments tasks wrote (the collected ``FRAGMENTS`` values) in one
+        version; the scalar indexes analysts filter by extend to them."""
+        written.commit(fragments)
+        ensure_scalar_indexes(self.path, self.cfg.lakehouse.scalar_indexes)
 
     def append(self, rows: DataFrame, on_driver: bool = False) -> None:
         """Append rows; the scalar indexes analysts filter by extend to the new fragments.

@@ -22,6 +22,7 @@ from udfs.ingest import FETCH_PREPARE_TYPE, fetch_prepare_batches, fetch_prepare
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
+           "curated_columns", "with_curated_struct",
            "rejected_rows", "outcome_counts", "outcome_counts_here", "failure_examples"]
 
 
@@ -122,10 +123,10 @@ def prepare_images(ingested: DataFrame, opts: PrepareConfig) -> DataFrame:
     ))
 
 
-def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column,
-                  extra: Sequence[str] = ()) -> DataFrame:
-    """Rows for the curated table, in its column order, then the columns `extra` of
-    `prepared` as they are (from the same row: no join)."""
+def curated_columns(prepared: DataFrame, *, run_id: str, ingested_at: Column,
+                    extra: Sequence[str] = ()) -> list[Column]:
+    """A curated table row of each `prepared` row, in the table's column order, then
+    the columns `extra` of `prepared` as they are (from the same row: no join)."""
     p = F.col("prepared")
     columns = {c: F.col(c) for c in prepared.columns}
     columns.update({f: p[f] for f in PREPARED_TYPE.fieldNames()})
@@ -134,9 +135,26 @@ def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column,
         run_id=F.lit(run_id),
         ingested_at=ingested_at,
     )
+    return [*[columns[c].alias(c) for c in CURATED_COLUMNS], *[F.col(c) for c in extra]]
+
+
+def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column,
+                  extra: Sequence[str] = ()) -> DataFrame:
+    """Rows for the curated table (:func:`curated_columns`) of the accepted rows."""
     return prepared.where(F.col("status") == "ok").select(
-        *[columns[c].alias(c) for c in CURATED_COLUMNS], *[F.col(c) for c in extra]
-    )
+        *curated_columns(prepared, run_id=run_id, ingested_at=ingested_at, extra=extra))
+
+
+def with_curated_struct(prepared: DataFrame, name: str, *, run_id: str,
+                        ingested_at: Column, extra: Sequence[str] = ()) -> DataFrame:
+    """`prepared` with the struct column `name`: the curated table row of each accepted
+    row (:func:`curated_columns`), null on the others; the JPEG is then in that struct
+    only (``prepared.image`` is null), for the rows' writer to take it out
+    (:func:`etl.writers.lance.write_in_tasks`)."""
+    row = F.struct(*curated_columns(prepared, run_id=run_id, ingested_at=ingested_at,
+                                    extra=extra))
+    return prepared.withColumn(name, F.when(F.col("status") == "ok", row)).withColumn(
+        "prepared", F.col("prepared").withField("image", F.lit(None).cast("binary")))
 
 
 def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
