@@ -132,7 +132,7 @@ class Sides:
                      ("image_length", "long"))])
         self.stages = {}
         for threads in threads_list:
-            # What curate runs: one UDF that fetches (nothing here: the bytes are in the
+            # What curate runs: one Python function that fetches (nothing here: the bytes are in the
             # rows), prepares and hashes the source bytes.
             prepared = prepared_outcomes(fetch_and_prepare(
                 df, cfg.fetch, cfg.sources, PrepareConfig(threads=threads)))

@@ -1,9 +1,10 @@
-"""Fetch and prepare in one UDF (udfs/ingest.py, etl.transforms.prepare.fetch_and_prepare):
-the batch function on pandas batches without Spark (a fetched URL, a 404 from the
-loopback server, a corrupt and an embedded image, a row not to process, one batch
-fetched ahead, a bug of ours), then in Spark: the same outcome as the two UDFs it
-replaces (fetch, sha2, refusal by hash, prepare), a takedown by the source bytes' hash
-after the prepare, and one Python UDF in the plan."""
+"""Fetch and prepare in one batch function (udfs/ingest.py, run by
+etl.transforms.prepare.fetch_and_prepare in a mapInArrow): the batch function on pandas
+batches without Spark (a fetched URL, a 404 from the loopback server, a corrupt and an
+embedded image, a row not to process, one batch fetched ahead, a bug of ours), then in
+Spark: the same outcome as the two UDFs it replaced (fetch, sha2, refusal by hash,
+prepare), a takedown by the source bytes' hash after the prepare, one Python function in
+the plan, and the tasks writing the rows they accept as Spark would store them."""
 
 from __future__ import annotations
 
@@ -212,7 +213,7 @@ def test_one_udf_ends_as_the_two_did_and_refuses_by_hash_after_preparing(
     assert "image_bytes" not in fused.columns
     final = prepared_outcomes(refuse_taken_down(fused, refused, by_hash=True))
     plan = final._jdf.queryExecution().executedPlan().toString()
-    assert plan.count("_fetch_prepare(") == 1, plan  # evaluated once, below the join
+    assert plan.count("MapInArrow") == 1, plan  # one Python function, below the join
     new = _outcome(final)
     # The two-UDF path it replaces: fetch (bytes back to Spark), sha2, refuse, prepare.
     old_rows = fetch_images(df, opts, sources).withColumn(
@@ -262,7 +263,7 @@ def test_on_the_driver_the_same_rows_come_out_with_no_python_udf_in_the_plan(
     monkeypatch.setattr(prep, "_DRIVER_BATCH", 3)  # 8 rows: three batches, one behind
     here = final(True)
     plan = here._jdf.queryExecution().executedPlan().toString()
-    assert "EvalPython" not in plan and "_fetch_prepare" not in plan, plan
+    assert "EvalPython" not in plan and "MapInArrow" not in plan, plan
     assert _outcome(here) == in_spark
     assert in_spark["fetched"][0] == "ok" and in_spark["missing"][2] == "http_404"
     empty = prep.fetch_and_prepare(df.limit(0), opts, sources, PREPARE, on_driver=True)
@@ -298,7 +299,7 @@ def test_many_batches_in_one_task_keep_each_row_with_its_image(spark, tmp_path):
         rows = {r.image_ref: r for r in out.collect()}
     finally:
         spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
-    assert plan.count("ArrowEvalPython") == 1 and plan.count("_fetch_prepare(") == 1, plan
+    assert plan.count("MapInArrow") == 1 and "EvalPython" not in plan, plan
     assert len(rows) == len(files)
     for i, path in enumerate(files):
         row = rows[str(path)]
@@ -309,6 +310,87 @@ def test_many_batches_in_one_task_keep_each_row_with_its_image(spark, tmp_path):
             assert (row.status, row.reason, row.fetch_failed) == (
                 "rejected", "missing_file", True)
             assert row.prepared is None and row.original_sha256 is None
+
+
+def test_tasks_write_the_rows_they_accept_as_spark_would_store_them(spark, server, tmp_path):
+    """With a sink, each task writes the rows it accepts (here a Lance append): the rows
+    stored are, byte for byte, what accepted_rows makes of the same rows prepared
+    without one; a row refused by its source bytes' hash or by its JPEG's is not
+    written; every row says whether it was, in agreement with its final status."""
+    from datetime import datetime
+
+    import lance
+    from pyspark.sql import types as T
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    import etl.transforms.prepare as prep
+    from etl.schema import UPSTREAM_FIELDS
+    from etl.transforms.bronze import refuse_prepared, refuse_taken_down
+    from etl.transforms.prepare_task import FLAG, WRITTEN, RowSink
+    from etl.writers.lance import pending_append
+    from udfs.images import prepare_image
+
+    df, _, opts, sources = _refused_by_hash(spark, server, tmp_path)
+    df = df.withColumns({
+        "source_key": F.concat(F.lit("key-"), "sample_id"),
+        "source_uri": F.coalesce("image_ref", F.lit("embedded")),
+        "caption_original": F.concat(F.lit("a photo: "), "sample_id"),
+        "license": F.when(F.col("sample_id") == "local", F.lit("cc-by")),
+        "metadata_json": F.lit("{}"),
+        **{f.name: F.lit(None).cast(f.dataType) for f in UPSTREAM_FIELDS},
+    }).withColumn("upstream_quality", F.when(F.col("sample_id") == "fetched", F.lit(0.25))
+                  .when(F.col("sample_id") == "local", F.lit(float("nan"))))
+    # Refused: other.jpg's source bytes (row "refused") and the JPEG the embedded PNG
+    # becomes (row "embedded": known only once prepared).
+    jpeg = prepare_image(EMBEDDED, PREPARE).image_sha256
+    hashes = [sha(server.files["other.jpg"]), jpeg]
+    refused = _refused(spark, hashes)
+    now = datetime(2026, 12, 2, 3, 4, 5, 678901)
+    extra = tuple(f.name for f in UPSTREAM_FIELDS)
+
+    def final(sink):
+        out = prep.fetch_and_prepare(df.coalesce(1), opts, sources, PREPARE, sink=sink)
+        return refuse_prepared(prep.prepared_outcomes(
+            refuse_taken_down(out, refused, by_hash=True)), refused)
+
+    plain = final(None)
+    expected = prep.accepted_rows(plain, run_id="r1", ingested_at=F.lit(now), extra=extra)
+    schema = prep.curated_schema(df, run_id="r1", ingested_at=F.lit(now), extra=extra)
+    assert schema == expected.schema  # known before anything runs
+    path = str(tmp_path / "curated.lance")
+    pending = pending_append(path, to_arrow_schema(schema))
+    sink = RowSink(pending.write_task, pending.schema, "r1", T.TimestampType().toInternal(now),
+                   spark.sparkContext.broadcast(frozenset(hashes)))
+    before = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "3")  # 3 batches
+    try:
+        rows = final(sink).collect()
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", before)
+    status = {r.sample_id: r.status for r in rows}
+    assert {k for k, v in status.items() if v == "ok"} == {"fetched", "local"}
+    assert status["embedded"] == "rejected" and status["refused"] == "rejected"
+    assert {r.sample_id: r[FLAG] for r in rows} == {k: v == "ok" for k, v in status.items()}
+    lists = [r[WRITTEN] for r in rows if r[WRITTEN] is not None]
+    assert len(lists) == 1  # one task, its fragments listed once
+    assert all(r.prepared is None or r.prepared.image is None for r in rows)
+    pending.commit(lists)
+    got = lance.dataset(path).to_table().sort_by("sample_id")
+    want = expected.toArrow().sort_by("sample_id")
+    assert got.schema.names == want.schema.names
+    assert got.num_rows == 2
+    for name in want.schema.names:  # NaN != NaN: compare as text
+        assert str(got.column(name).to_pylist()) == str(want.column(name).to_pylist()), name
+    # Apart from the images, the outcome is the one without a sink.
+    without_images = {k: v[:9] + (None if v[9] is None else {**v[9], "image": None},)
+                      for k, v in _outcome(plain).items()}
+    assert {r.sample_id: _outcome_row(r) for r in rows} == without_images
+
+
+def _outcome_row(r):
+    return (r.status, r.stage, r.reason, r.read_status, r.read_reason, r.fetch_failed,
+            r.fetch_detail, r.takedown_detail, r.original_sha256,
+            None if r.prepared is None else r.prepared.asDict())
 
 
 def test_the_result_type_is_nullable_throughout_and_holds_the_prepared_fields():

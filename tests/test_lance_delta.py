@@ -156,27 +156,27 @@ def test_the_driver_reads_and_appends_as_the_data_source_does(spark, tmp_path):
     assert ds._take_rows([addr._rowaddr], columns=["id"]).to_pylist() == [{"id": 31}]
 
 
-def test_rows_written_in_tasks_commit_here_and_the_rest_goes_on(spark, tmp_path):
-    from pyspark.sql import functions as F
+def test_a_pending_append_is_written_by_tasks_and_committed_here(spark, tmp_path):
+    from pyspark.sql.pandas.types import to_arrow_schema
 
-    from etl.writers.lance import FRAGMENTS, write_in_tasks
+    from etl.writers.lance import pending_append
 
     path = str(tmp_path / "w.lance")
-    # Rows 0-29 in 3 partitions (0-9, 10-19, 20-29); the even ones carry a table row (a
-    # struct), the odd ones none.
-    df = spark.range(0, 30, 1, 3).selectExpr(
-        "id", "cast(id % 5 as string) as bucket", "cast(id as int) * 10 as width",
-        "cast(concat('img', id) as binary) as image").select(
-        "id", "bucket",
-        F.when(F.col("id") % 2 == 0, F.struct("id", "width", "image")).alias("row"))
-    out, pending = write_in_tasks(df, "row", path)
-    assert out.columns == ["id", "bucket", FRAGMENTS]
-    kept = out.collect()
-    assert not os.path.exists(os.path.join(path, "_versions"))  # nothing committed yet
-    # Every row goes on without the struct; each task lists its fragments on one row.
-    assert sorted(r["id"] for r in kept) == list(range(30))
-    lists = [r[FRAGMENTS] for r in kept if r[FRAGMENTS] is not None]
+    df = spark.range(0, 30, 1, 3).selectExpr(  # 3 tasks: ids 0-9, 10-19, 20-29
+        "id", "cast(id as int) * 10 as width", "cast(concat('img', id) as binary) as image")
+
+    def run(pending, frame):
+        def task(batches):
+            # Any task function: here, the even ids of each batch are the rows to write.
+            rows = (b.filter(pc.equal(pc.bit_wise_and(b.column(0), 1), 0)) for b in batches)
+            yield pa.RecordBatch.from_pylist([{"written": pending.write_task(
+                b.cast(pending.schema) for b in rows)}])
+        return [r.written for r in frame.mapInArrow(task, "written array<string>").collect()]
+
+    pending = pending_append(path, to_arrow_schema(df.schema))
+    lists = run(pending, df)
     assert len(lists) == 3 and all(len(f) == 1 for f in lists)
+    assert not os.path.exists(os.path.join(path, "_versions"))  # nothing committed yet
     pending.commit(lists)  # a first commit creates the table
     ds = lance.dataset(path)
     assert (ds.version, ds.count_rows(), len(ds.get_fragments())) == (1, 15, 3)
@@ -184,22 +184,17 @@ def test_rows_written_in_tasks_commit_here_and_the_rest_goes_on(spark, tmp_path)
     assert sorted(r["id"] for r in got) == list(range(0, 30, 2))
     assert all(r["width"] == r["id"] * 10 and r["image"] == f"img{r['id']}".encode()
                for r in got)
-    # An append; a task without any row to write lists nothing (and writes no file).
+    # An append is written as the table types its columns; rows of no task: no file.
+    more = spark.range(30, 34, 1, 2).selectExpr(
+        "id", "cast(id as long) * 10 as width", "cast(concat('img', id) as binary) as image")
+    pending = pending_append(path, to_arrow_schema(more.schema))
+    assert pending.schema.field("width").type == pa.int32()
     files = set(os.listdir(path + "/data"))
-    none = _frame(spark, 4, offset=100).select(
-        "id", F.lit(None).cast("struct<id:bigint,width:int,image:binary>").alias("row"))
-    out, pending = write_in_tasks(none, "row", path)
-    assert [r[FRAGMENTS] for r in out.collect()] == [None] * 4
+    assert run(pending, more.where("id < 0")) == [[], []]
     assert set(os.listdir(path + "/data")) == files
-    more, pending = write_in_tasks(_frame(spark, 3, offset=30).select(
-        "id", F.struct("id", F.col("width").cast("long").alias("width"), "image")
-        .alias("row")), "row", path)
-    pending.commit([r[FRAGMENTS] for r in more.collect() if r[FRAGMENTS]])
+    pending.commit(run(pending, more))
     ds = lance.dataset(path)
-    assert (ds.version, ds.count_rows()) == (2, 18)
-    assert ds.schema.field("width").type == pa.int32()  # the table's type
-    with pytest.raises(TypeError, match="not a struct"):
-        write_in_tasks(df, "id", path)
+    assert (ds.version, ds.count_rows()) == (2, 17)
 
 
 def test_append_frame_writes_in_tasks_and_commits_here(spark, tmp_path):

@@ -271,7 +271,7 @@ def fetch_udf(opts: FetchConfig, rules: Mapping[str, RefRules]):
                ) -> Iterator[pd.DataFrame]:
         # One batch ahead: the next batch's downloads start before this one's rows go
         # back to Spark, so the network wait of one batch overlaps whatever is done with
-        # the one before (curate fetches and prepares in one UDF: udfs/ingest.py). The
+        # the one before (curate fetches and prepares in one function: udfs/ingest.py). The
         # pool is first in, first out: the batch yielded next is the one whose fetches
         # started first.
         pending: list[Future] | None = None

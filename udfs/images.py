@@ -18,7 +18,7 @@ those records.
 :func:`prepare_many` runs it over a batch on the ``prepare.threads`` pool and
 :func:`prepared_frame` lays the results out as the columns of :data:`PREPARED_TYPE`;
 :func:`prepare_udf` wraps the two as a vectorised pandas UDF over Arrow batches (curate
-fetches and prepares in one UDF instead: :mod:`udfs.ingest`).
+fetches and prepares in one batch function instead: :mod:`udfs.ingest`).
 """
 
 from __future__ import annotations

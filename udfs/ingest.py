@@ -1,6 +1,8 @@
-"""Fetch and prepare in one pandas UDF: each image's bytes cross from the JVM to Python
-at most once (a row that carries them) or never (a row that references them), and only
-the prepared JPEG comes back; one Python worker per task slot instead of two.
+"""Fetch and prepare in one batch function: each image's bytes cross from the JVM to
+Python at most once (a row that carries them) or never (a row that references them).
+Spark's tasks run it in a ``mapInArrow`` (:mod:`etl.transforms.prepare_task`, which may
+also write the accepted rows there, so that the JPEG never comes back); a night's few
+records run it on the driver.
 
 Per Arrow batch, :func:`fetch_prepare_batches` starts the batch's fetches (exactly as
 :func:`udfs.fetch.fetch_udf`: each row under its source's :class:`RefRules`, on the
@@ -26,7 +28,6 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 from pyspark.sql import types as T
-from pyspark.sql.functions import pandas_udf
 
 from udfs.arrow_types import nullable_type
 from udfs.fetch import RefRules, clip_detail, start_fetches
@@ -35,7 +36,7 @@ from udfs.images import PREPARED_TYPE, prepare_many, prepared_frame
 if TYPE_CHECKING:
     from etl.config import FetchConfig, PrepareConfig
 
-__all__ = ["FETCH_FIELDS", "FETCH_PREPARE_TYPE", "fetch_prepare_batches", "fetch_prepare_udf"]
+__all__ = ["FETCH_FIELDS", "FETCH_PREPARE_TYPE", "fetch_prepare_batches"]
 
 # The fetch's own fields (null where the row was not fetched), then the source bytes'
 # hash (null where there are none), then PREPARED_TYPE's fields, flat and nullable (null
@@ -120,19 +121,3 @@ def fetch_prepare_batches(
         pending = started
     if pending is not None:
         yield _finish(pending, prepare)
-
-
-def fetch_prepare_udf(fetch: FetchConfig, rules: Mapping[str, RefRules],
-                      prepare: PrepareConfig):
-    """A pandas UDF (process, source, ref, offset, length, image) ->
-    :data:`FETCH_PREPARE_TYPE` (`rules`: source name -> rules; a source missing from it
-    is a bug and fails the task)."""
-    rules = dict(rules)
-
-    @pandas_udf(nullable_type(FETCH_PREPARE_TYPE))  # Spark 4.0: udfs/arrow_types.py
-    def _fetch_prepare(batches: Iterator[tuple[pd.Series, pd.Series, pd.Series, pd.Series,
-                                               pd.Series, pd.Series]]
-                       ) -> Iterator[pd.DataFrame]:
-        yield from fetch_prepare_batches(batches, fetch, rules, prepare)
-
-    return _fetch_prepare

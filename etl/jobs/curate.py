@@ -29,6 +29,8 @@ from functools import reduce
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl import storage, tables
 from etl.config import Config, SourceConfig
@@ -76,15 +78,16 @@ from etl.transforms.bronze import (
 )
 from etl.transforms.prepare import (
     accepted_rows,
+    curated_schema,
     failure_examples,
     fetch_and_prepare,
     outcome_counts,
     outcome_counts_here,
     prepared_outcomes,
     rejected_rows,
-    with_curated_struct,
 )
-from etl.writers.lance import FRAGMENTS, PendingAppend
+from etl.transforms.prepare_task import FLAG, WRITTEN, RowSink
+from etl.writers.lance import PendingAppend
 
 __all__ = ["CurateResult", "list_sources", "curate", "stage"]
 
@@ -439,9 +442,9 @@ class _Prepared:
 def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
                        diff: _Diff, run_id: str, now: datetime) -> _Prepared:
     """Refuse what a takedown names, fetch referenced images and prepare them (one
-    UDF), refuse what a takedown names by the source bytes' or the JPEG's hash. In
-    Spark's tasks, the accepted rows are then written as fragments of Lance `curated`
-    in the same task (committed by :func:`_write_curated`)."""
+    batch function), refuse what a takedown names by the source bytes' or the JPEG's
+    hash. In Spark's tasks, the accepted rows are written as fragments of Lance
+    `curated` by the task that prepared them (committed by :func:`_write_curated`)."""
     if diff.has_manifest and storage.lance_exists(paths.curated) and all(
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing()  # a night with nothing new
@@ -449,10 +452,13 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     todo = _task_layout(mark_duplicate_keys(diff.listed.where(~F.col("unchanged"))), diff)
     if refused is not None:
         todo = refuse_taken_down(todo, refused)  # by key and URL: nothing fetched
-    # One Python UDF fetches, hashes the source bytes and prepares (they never return);
-    # a few records: its batch function, on the driver.
+    # One Python worker per task fetches, hashes the source bytes, prepares and writes
+    # the accepted rows (the bytes and JPEGs never return); a few records: the same
+    # batch function, on the driver.
+    written = None if diff.on_driver else _pending_append(spark, cfg, todo, run_id, now)
+    sink = None if written is None else _row_sink(spark, written, refused, run_id, now)
     todo = fetch_and_prepare(todo, cfg.fetch, cfg.sources, cfg.prepare,
-                             on_driver=diff.on_driver)
+                             on_driver=diff.on_driver, sink=sink)
     if refused is not None:
         # Same bytes, new name: rejected at ingest; prepared_outcomes drops its prepared.
         todo = refuse_taken_down(todo, refused, by_hash=True)
@@ -479,18 +485,52 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
         outcome_rows = outcome_counts_here(prepared)
         return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
                          on_driver=True)
-    # Each task writes the JPEGs of its accepted rows to Lance where it made them; the
-    # rest of each row is kept (not the JPEGs) for the counts, rejects and manifest.
-    staged, written = Catalog.of(spark, cfg).curated.write_in_tasks(with_curated_struct(
-        prepared, "_curated", run_id=run_id, ingested_at=F.lit(now), extra=UPSTREAM_COLUMNS),
-        "_curated")
-    staged = staged.persist(StorageLevel.MEMORY_AND_DISK)
-    fragments = tuple(r[0] for r in staged.where(F.col(FRAGMENTS).isNotNull())
-                      .select(FRAGMENTS).collect())
-    prepared = staged.drop(FRAGMENTS)
+    prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    fragments: tuple = ()
+    if written is not None:
+        fragments = _written_fragments(prepared)
+        prepared = prepared.drop(FLAG, WRITTEN)
     outcome_rows = outcome_counts(prepared).collect()
     return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
                      written=written, fragments=fragments)
+
+
+def _pending_append(spark: SparkSession, cfg: Config, todo: DataFrame, run_id: str,
+                    now: datetime) -> PendingAppend:
+    """The append to Lance `curated` of the rows `todo` gives once accepted."""
+    return Catalog.of(spark, cfg).curated.pending(to_arrow_schema(curated_schema(
+        todo, run_id=run_id, ingested_at=F.lit(now), extra=UPSTREAM_COLUMNS)))
+
+
+def _row_sink(spark: SparkSession, written: PendingAppend, refused: DataFrame | None,
+              run_id: str, now: datetime) -> RowSink:
+    """Where the tasks write their accepted rows, with the takedowns' hashes they check
+    them against (a broadcast; none: no Spark job)."""
+    hashes = None
+    if refused is not None:
+        values = frozenset(r[0] for r in refused.where(F.col("kind") == "image_sha256")
+                           .select("value").collect())
+        hashes = spark.sparkContext.broadcast(values) if values else None
+    # As Spark stores F.lit(now): the run's timestamp everywhere else.
+    return RowSink(written.write_task, written.schema, run_id,
+                   T.TimestampType().toInternal(now), hashes)
+
+
+def _written_fragments(staged: DataFrame) -> tuple:
+    """What the tasks wrote (one list per task), once the persisted rows are computed;
+    fails the stage if a row's ``_written`` and its final status disagree (a bug: the
+    tasks decide what is accepted as the outcome columns do)."""
+    row = staged.agg(
+        F.collect_list(WRITTEN).alias("written"),
+        F.sum(F.when(~F.col(FLAG).eqNullSafe(F.col("status") == "ok"), 1).otherwise(0))
+        .alias("disagree"),
+    ).first()
+    if row["disagree"]:
+        raise RuntimeError(
+            f"curate: {row['disagree']} row(s) were written to Lance by the fetch + prepare "
+            "tasks but are not accepted, or accepted but not written: the tasks' acceptance "
+            "and the outcome columns disagree (nothing is committed)")
+    return tuple(list(w) for w in row["written"])
 
 
 # New records per fetch + prepare task, each writing its own Lance fragment: a night of
@@ -527,7 +567,7 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
             curated.commit(prep.written, prep.fragments)
         else:
             curated.append(accepted_rows(prep.rows, run_id=run_id, ingested_at=F.lit(now),
-                                         extra=UPSTREAM_COLUMNS), on_driver=True)
+                                         extra=UPSTREAM_COLUMNS), on_driver=prep.on_driver)
     if replaced:
         log.info("curate: replaced %d curated rows of changed records", replaced)
     return replaced

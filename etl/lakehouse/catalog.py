@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -50,7 +51,7 @@ from etl.writers.lance import (
     append_frame,
     append_local,
     delete_rows,
-    write_in_tasks,
+    pending_append,
 )
 
 __all__ = ["DRIVER_IDS", "Manifest", "Rejects", "Accounting", "Takedowns", "Curated",
@@ -239,15 +240,15 @@ class Curated:
         return [r.sample_id for r in existing.join(ids.select("sample_id"), "sample_id",
                                                    "left_semi").collect()]
 
-    def write_in_tasks(self, df: DataFrame, column: str) -> tuple[DataFrame, PendingAppend]:
-        """`df` whose Spark tasks write the non-null values of the struct `column` (rows
-        of this table) as fragments, and the append to commit them
-        (:func:`etl.writers.lance.write_in_tasks`)."""
-        return write_in_tasks(df, column, self.path)
+    def pending(self, given: pa.Schema) -> PendingAppend:
+        """An append of rows of the `given` columns (typed as the table has them), to be
+        written by Spark tasks (:meth:`PendingAppend.write_task`) and committed by
+        :meth:`commit`."""
+        return pending_append(self.path, given)
 
     def commit(self, written: PendingAppend, fragments) -> None:
-        """Commit the fragments tasks wrote (the collected ``FRAGMENTS`` values) in one
-        version; the scalar indexes analysts filter by extend to them."""
+        """Commit the fragments tasks wrote (what their ``write_task`` calls returned)
+        in one version; the scalar indexes analysts filter by extend to them."""
         written.commit(fragments)
         ensure_scalar_indexes(self.path, self.cfg.lakehouse.scalar_indexes)
 

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -15,21 +13,32 @@ from etl.config import FetchConfig, PrepareConfig, SourceConfig
 from etl.runtime.local import local_arrow
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
 from etl.transforms.fetch import fetch_outcome, needs_fetch
+from etl.transforms.prepare_task import (
+    ARGS,
+    FLAG,
+    FP_TYPE,
+    WRITTEN,
+    RowSink,
+    fp_struct,
+    task_function,
+)
 from udfs.arrow_types import nullable_type
 from udfs.fetch import rules_for
 from udfs.images import PREPARED_TYPE, prepare_udf
-from udfs.ingest import FETCH_PREPARE_TYPE, fetch_prepare_batches, fetch_prepare_udf
+from udfs.ingest import fetch_prepare_batches
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
-           "curated_columns", "with_curated_struct",
+           "curated_columns", "curated_schema",
            "rejected_rows", "outcome_counts", "outcome_counts_here", "failure_examples"]
 
 
 def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[SourceConfig],
-                      opts: PrepareConfig, *, on_driver: bool = False) -> DataFrame:
+                      opts: PrepareConfig, *, on_driver: bool = False,
+                      sink: RowSink | None = None) -> DataFrame:
     """Fetch the images readable rows reference and prepare every readable row, in one
-    pass of one Python UDF (:mod:`udfs.ingest`): the source bytes never come back.
+    pass of the fetch + prepare batch function (:mod:`udfs.ingest`) in one Python worker
+    per task (:mod:`etl.transforms.prepare_task`): the source bytes never come back.
 
     A fetch is :func:`etl.transforms.fetch.fetch_images`'s, under each row's `source`
     rules (one of `sources`); a failed one makes the row ``rejected`` with the fetch
@@ -39,19 +48,34 @@ def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[Sourc
     row is not readable after the fetch); drops ``image_bytes``. The final outcome is
     :func:`prepared_outcomes`' (after any refusal by the source bytes' hash).
 
+    `sink`: each task writes the rows it accepts to it (``prepared.image`` is then null
+    on every row) and adds ``_written`` and ``_sink_written``
+    (:mod:`etl.transforms.prepare_task`; the caller commits and checks them).
+
     `on_driver`: `df` is a few rows whose plan holds no Python UDF; they are collected
-    and fetched and prepared here, by the UDF's own batch function, in this process (no
+    and fetched and prepared here, by the same batch function, in this process (no
     Python worker starts), and the result is a frame of local data."""
     rules = {s.name: rules_for(s) for s in sources}
     read_ok = F.coalesce(F.col("read_status") == "ok", F.lit(False))
-    need = needs_fetch()
-    # A Python UDF sees every row, even under F.when: rows not processed pass nulls.
+    need = F.col("_need")
+    # Rows not processed pass nulls.
     args = (read_ok, F.col("source"), F.when(need, F.col("image_ref")), F.col("image_offset"),
             F.col("image_length"), F.when(read_ok, F.col("image_bytes")))
+    staged = df.withColumn("_need", needs_fetch()).select(
+        "*", *[a.alias(n) for a, n in zip(args, ARGS, strict=True)])
     if on_driver:
-        out = _fetch_prepare_here(df, args, fetch, rules, opts)
+        if sink is not None:
+            raise ValueError("fetch_and_prepare: a sink is for Spark's tasks, not the driver")
+        out = _fetch_prepare_here(staged, fetch, rules, opts)
     else:
-        out = df.withColumn("_fp", F.when(read_ok, fetch_prepare_udf(fetch, rules, opts)(*args)))
+        fields = [f for f in staged.schema.fields if f.name not in ARGS]
+        fields.append(T.StructField("_fp", FP_TYPE, True))
+        if sink is not None:
+            fields += [T.StructField(FLAG, T.BooleanType(), True),
+                       T.StructField(WRITTEN, T.ArrayType(T.StringType(), True), True)]
+        schema = T.StructType(fields)
+        out = staged.mapInArrow(task_function(fetch, rules, opts, sink, to_arrow_schema(schema)),
+                                schema)
     fp = F.col("_fp")
     fetched = fetch_outcome(need, fp.fetch_status, fp.fetch_detail)
     prepared = F.struct(*[fp[name].alias(name) for name in PREPARED_TYPE.fieldNames()])
@@ -61,37 +85,29 @@ def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[Sourc
         "original_sha256": F.when(read_ok, fp.original_sha256)
         .when(has_bytes, F.sha2(F.col("image_bytes"), 256)),
         "prepared": F.when(read_ok & ~fetched["fetch_failed"], prepared),
-    }).drop("_fp", "image_bytes")
+    }).drop("_fp", "image_bytes", "_need")
 
 
 # Rows per batch of a fetch and prepare on the driver: a batch's downloads run while the
-# batch before is prepared, as in the UDF.
+# batch before is prepared, as in the tasks.
 _DRIVER_BATCH = 64
 
 
-def _fetch_prepare_here(df: DataFrame, args: Sequence[Column], fetch: FetchConfig,
-                        rules: Mapping, opts: PrepareConfig) -> DataFrame:
-    """`df` with ``_fp`` (:data:`FETCH_PREPARE_TYPE`, null where the row is not to be
-    processed) computed in this process, as a frame of local data."""
-    names = [f"_fp_arg{i}" for i in range(len(args))]
-    table = local_arrow(df.select("*", *[a.alias(n) for a, n in zip(args, names,
-                                                                     strict=True)]))
-    inputs = table.select(names).to_pandas()
+def _fetch_prepare_here(staged: DataFrame, fetch: FetchConfig, rules: Mapping,
+                        opts: PrepareConfig) -> DataFrame:
+    """`staged` (with the :data:`ARGS` columns) with ``_fp`` (:data:`FP_TYPE`, null
+    where the row is not to be processed) computed in this process, as a frame of local
+    data."""
+    table = local_arrow(staged)
+    inputs = table.select(list(ARGS)).to_pandas()
     chunks = (tuple(inputs[n].iloc[i:i + _DRIVER_BATCH].reset_index(drop=True)
-                    for n in names) for i in range(0, len(inputs), _DRIVER_BATCH))
+                    for n in ARGS) for i in range(0, len(inputs), _DRIVER_BATCH))
     frames = list(fetch_prepare_batches(chunks, fetch, rules, opts))
-    fp_type = nullable_type(FETCH_PREPARE_TYPE)
-    arrow = to_arrow_schema(fp_type)
-    result = pa.concat_tables(
-        [arrow.empty_table()]
-        + [pa.Table.from_pandas(f, schema=arrow, preserve_index=False) for f in frames])
-    processed = table.column(names[0]).combine_chunks().fill_null(False)
-    struct = pa.StructArray.from_arrays(
-        [result.column(f).combine_chunks() for f in fp_type.fieldNames()],
-        fields=list(arrow), mask=pc.invert(processed))
-    local = table.drop_columns(names).append_column("_fp", struct)
-    schema = T.StructType([*df.schema.fields, T.StructField("_fp", fp_type, True)])
-    return df.sparkSession.createDataFrame(local, schema)
+    struct = fp_struct(frames, table.column(ARGS[0]).combine_chunks())
+    local = table.drop_columns(list(ARGS)).append_column("_fp", struct)
+    schema = T.StructType([*[f for f in staged.schema.fields if f.name not in ARGS],
+                           T.StructField("_fp", FP_TYPE, True)])
+    return staged.sparkSession.createDataFrame(local, schema)
 
 
 def prepared_outcomes(rows: DataFrame) -> DataFrame:
@@ -145,16 +161,13 @@ def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column,
         *curated_columns(prepared, run_id=run_id, ingested_at=ingested_at, extra=extra))
 
 
-def with_curated_struct(prepared: DataFrame, name: str, *, run_id: str,
-                        ingested_at: Column, extra: Sequence[str] = ()) -> DataFrame:
-    """`prepared` with the struct column `name`: the curated table row of each accepted
-    row (:func:`curated_columns`), null on the others; the JPEG is then in that struct
-    only (``prepared.image`` is null), for the rows' writer to take it out
-    (:func:`etl.writers.lance.write_in_tasks`)."""
-    row = F.struct(*curated_columns(prepared, run_id=run_id, ingested_at=ingested_at,
-                                    extra=extra))
-    return prepared.withColumn(name, F.when(F.col("status") == "ok", row)).withColumn(
-        "prepared", F.col("prepared").withField("image", F.lit(None).cast("binary")))
+def curated_schema(rows: DataFrame, *, run_id: str, ingested_at: Column,
+                   extra: Sequence[str] = ()) -> T.StructType:
+    """The types :func:`accepted_rows` gives the rows of `rows` (the columns before
+    :func:`fetch_and_prepare`) once prepared: from Spark's analysis, no job."""
+    stand_in = rows.withColumn("prepared", F.lit(None).cast(nullable_type(PREPARED_TYPE)))
+    return stand_in.select(*curated_columns(stand_in, run_id=run_id,
+                                            ingested_at=ingested_at, extra=extra)).schema
 
 
 def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:

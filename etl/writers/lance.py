@@ -37,7 +37,6 @@ are cast to the table's types. A column the table lacks is refused with its name
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Sequence
@@ -54,9 +53,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 __all__ = [
-    "LanceDataSource", "append_frame", "write_in_tasks", "PendingAppend", "FRAGMENTS",
-    "table_version", "delete_rows", "deleted_per_fragment",
-    "FRAGMENT_ID", "ROW_ADDRESS",
+    "LanceDataSource", "append_frame", "pending_append", "PendingAppend", "table_version",
+    "delete_rows", "deleted_per_fragment", "FRAGMENT_ID", "ROW_ADDRESS",
 ]
 
 # Read option ``fragment_id``: adds this int column (the Lance fragment each row lives in),
@@ -264,16 +262,12 @@ def append_frame(df, path: str, max_rows_per_file: int = 1024 * 1024) -> int:
     return sum(m.rows for m in messages)
 
 
-# The column :func:`write_in_tasks` adds: on each task's last row, the Lance fragments
-# (JSON) that task wrote; null on every other row.
-FRAGMENTS = "_lance_fragments"
-
-
 @dataclass(frozen=True)
 class PendingAppend:
-    """Fragments Spark tasks wrote to a Lance table and this process is to commit: the
-    table is unchanged until :meth:`commit` (a run that stops first leaves their data
-    files unreferenced, as a failed append does)."""
+    """An append whose fragments Spark tasks write (:meth:`write_task`, in any task
+    function) and this process commits (:meth:`commit`): the table is unchanged until
+    then, and a run that stops first leaves their data files unreferenced, as a failed
+    append does."""
 
     writer: _LanceWriter
 
@@ -281,60 +275,29 @@ class PendingAppend:
     def path(self) -> str:
         return self.writer.path
 
+    @property
+    def schema(self) -> pa.Schema:
+        """The columns and types the rows are written with: the table's, for an
+        existing table."""
+        return self.writer.schema
+
+    def write_task(self, batches: Iterator[pa.RecordBatch]) -> list[str]:
+        """Write one task's rows as fragments (data files only); their metadata (JSON),
+        for :meth:`commit`."""
+        return self.writer.write(batches).fragments_json
+
     def commit(self, fragment_lists: Iterable[Sequence[str]]) -> None:
-        """Commit the fragments the tasks listed (the non-null values of
-        :data:`FRAGMENTS`) in one transaction: an Append, or the table's creation by a
-        first write (with no row too)."""
+        """Commit the fragments the tasks wrote (what :meth:`write_task` returned) in
+        one transaction: an Append, or the table's creation by a first write (with no
+        row too)."""
         self.writer.commit([_LanceCommit(list(f), 0) for f in fragment_lists])
 
 
-def write_in_tasks(df, column: str, path: str, max_rows_per_file: int = 1024 * 1024):
-    """`df` without the struct `column`, plus :data:`FRAGMENTS`, and the
-    :class:`PendingAppend` to commit: wherever the result is computed, each task writes
-    the non-null values of `column` -- rows of the Lance table at `path` (created by a
-    first commit) -- as fragments of that table, and lists them on its last row.
-
-    So a stage whose rows carry large values (a prepared JPEG) writes them where they
-    are made, and only the rest of each row goes on: the bytes cross to the JVM once,
-    and are neither cached nor read back by a second job (:func:`append_frame`). The
-    caller computes the result once (persisted), collects :data:`FRAGMENTS` and commits
-    them; a task run again (a retry, a lost cached partition) writes new files, and only
-    the fragments of the result collected are committed."""
-    from pyspark.sql import types as T
-    from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
-
-    rows_type = df.schema[column].dataType
-    if not isinstance(rows_type, T.StructType):
-        raise TypeError(f"write_in_tasks: column {column!r} is {rows_type.simpleString()}, "
-                        "not a struct of the table's columns")
-    writer = _writer(path, to_arrow_schema(rows_type), False, max_rows_per_file)
-    rest = T.StructType([f for f in df.schema.fields if f.name != column])
-    out = to_arrow_schema(rest).append(pa.field(FRAGMENTS, pa.list_(pa.string())))
-
-    def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        kept: list[pa.RecordBatch] = []
-
-        def table_rows() -> Iterator[pa.RecordBatch]:
-            for batch in batches:
-                i = batch.schema.get_field_index(column)
-                values = batch.column(i)
-                kept.append(batch.remove_column(i))
-                if values.null_count < len(values):
-                    yield pa.RecordBatch.from_struct_array(values.filter(values.is_valid()))
-
-        values = table_rows()
-        first = next(values, None)  # a task with no row to write writes no file
-        done = (writer.write(itertools.chain([first], values)) if first is not None
-                else _LanceCommit([], 0))
-        last = max((k for k, b in enumerate(kept) if b.num_rows), default=None)
-        for k, batch in enumerate(kept):
-            listed = [None] * batch.num_rows
-            if k == last and done.fragments_json:
-                listed[-1] = done.fragments_json
-            yield pa.RecordBatch.from_arrays(
-                [*batch.columns, pa.array(listed, pa.list_(pa.string()))], schema=out)
-
-    return df.mapInArrow(write, from_arrow_schema(out)), PendingAppend(writer)
+def pending_append(path: str, given: pa.Schema, max_rows_per_file: int = 1024 * 1024
+                   ) -> PendingAppend:
+    """An append of rows of the `given` columns to the Lance table at `path` (created
+    by the commit of a first write), written by Spark tasks."""
+    return PendingAppend(_writer(path, given, False, max_rows_per_file))
 
 
 def _rebuild_empty_lists(batch: pa.RecordBatch) -> pa.RecordBatch:

@@ -1,0 +1,189 @@
+"""The fetch + prepare step as Spark's tasks run it: one ``mapInArrow`` function per task,
+in one Python worker, that fetches and prepares each Arrow batch of rows (the UDF body of
+:mod:`udfs.ingest`) and, given a :class:`RowSink`, writes the rows it accepts where it
+made them.
+
+With a sink, an accepted row's JPEG never leaves the worker: the task builds the row the
+table stores (:func:`etl.transforms.prepare.curated_columns`, here in Arrow) and hands
+its rows to the sink's ``write`` (a Lance fragment writer: the caller's, this module
+knows no table), and every row goes on without its image, with ``_written`` (whether it
+was written) and, on the task's last row, what the sink returned (:data:`WRITTEN`). A
+row is accepted when Spark's outcome columns will say ``ok``: prepared ``ok``, its source
+bytes' and its JPEG's sha256 not named by a takedown (the sink's ``refused`` hashes).
+The caller checks that ``_written`` agrees with the final ``status`` on every row, so
+the two can never drift apart unnoticed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.pandas.types import to_arrow_schema
+
+from udfs.arrow_types import nullable_type
+from udfs.images import PREPARED_TYPE
+from udfs.ingest import FETCH_PREPARE_TYPE, fetch_prepare_batches
+
+__all__ = ["ARGS", "FP_TYPE", "WRITTEN", "FLAG", "RowSink", "fp_struct", "task_function"]
+
+# The UDF body's arguments, as columns Spark computes before the task (process, source,
+# ref, offset, length, image: udfs.ingest.fetch_prepare_batches).
+ARGS = tuple(f"_fp_arg{i}" for i in range(6))
+# The result's type: nullable throughout (udfs/arrow_types.py), null where the row was
+# not processed.
+FP_TYPE = nullable_type(FETCH_PREPARE_TYPE)
+_FP_ARROW = to_arrow_schema(FP_TYPE)
+# With a sink: whether the row was written (every row), and what the sink returned for
+# the task's rows (on its last row; null elsewhere).
+FLAG = "_written"
+WRITTEN = "_sink_written"
+
+_COMPUTED = ("image_size_bytes", "run_id", "ingested_at")
+
+
+@dataclass(frozen=True)
+class RowSink:
+    """Where each task writes the rows it accepts.
+
+    `write` takes the task's rows (Arrow batches of `schema`; called once per task that
+    accepts a row) and returns strings for the driver to commit them by. `schema`: the
+    stored rows' columns, each one of the row's own (passed through), of the prepared
+    image (:data:`~udfs.images.PREPARED_TYPE`) or ``image_size_bytes`` / ``run_id`` /
+    ``ingested_at``. `ingested_at_us`: microseconds since the epoch, as Spark stores the
+    run's timestamp literal. `refused`: a broadcast frozenset of the takedowns' sha256
+    values (or None: none)."""
+
+    write: Callable[[Iterator[pa.RecordBatch]], list[str]]
+    schema: pa.Schema
+    run_id: str
+    ingested_at_us: int
+    refused: object = None
+
+    def hashes(self) -> frozenset[str]:
+        return frozenset() if self.refused is None else self.refused.value
+
+
+def fp_struct(frames: Sequence[pd.DataFrame], processed: pa.Array) -> pa.StructArray:
+    """The UDF body's result frames (one per batch, in order) as one struct array of
+    :data:`FP_TYPE`, null where `processed` is not true."""
+    result = pa.concat_tables(
+        [_FP_ARROW.empty_table()]
+        + [pa.Table.from_pandas(f, schema=_FP_ARROW, preserve_index=False) for f in frames])
+    return pa.StructArray.from_arrays(
+        [result.column(f.name).combine_chunks() for f in _FP_ARROW], fields=list(_FP_ARROW),
+        mask=pc.invert(processed.fill_null(False)))
+
+
+def _accepted(fp: pa.StructArray, refused: frozenset[str]) -> pa.BooleanArray:
+    ok = pc.fill_null(pc.equal(fp.field("status"), "ok"), False)
+    if refused:
+        values = pa.array(sorted(refused), pa.string())
+        for name in ("original_sha256", "image_sha256"):
+            ok = pc.and_(ok, pc.invert(pc.is_in(fp.field(name), value_set=values)))
+    return ok
+
+
+def _stored_rows(batch: pa.RecordBatch, fp: pa.StructArray, accepted: pa.BooleanArray,
+                 sink: RowSink) -> pa.RecordBatch:
+    """The rows to store of the accepted ones: the table's columns, as
+    :func:`etl.transforms.prepare.curated_columns` computes them in Spark."""
+    idx = pc.indices_nonzero(accepted)
+    prepared = {name: fp.field(name).take(idx) for name in PREPARED_TYPE.fieldNames()}
+    n = len(idx)
+    computed = {
+        "image_size_bytes": pc.binary_length(prepared["image"]).cast(pa.int64()),
+        "run_id": pa.array([sink.run_id] * n, pa.string()),
+        "ingested_at": pa.array([sink.ingested_at_us] * n, pa.int64()).cast(
+            pa.timestamp("us", tz="UTC")),
+    }
+    arrays = []
+    for field in sink.schema:
+        if field.name in computed:
+            values = computed[field.name]
+        elif field.name in prepared:
+            values = prepared[field.name]
+        else:
+            values = batch.column(field.name).take(idx)
+        arrays.append(values if values.type == field.type else values.cast(field.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=sink.schema)
+
+
+def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Schema):
+    """The ``mapInArrow`` function: rows with the :data:`ARGS` columns -> the same rows
+    without them, ``image_bytes`` null where processed (the bytes are in the result), and
+    ``_fp`` (:data:`FP_TYPE`); with `sink`, ``_fp.image`` null and :data:`FLAG`,
+    :data:`WRITTEN` added. `out`: that schema (Spark's declared one)."""
+    keep = [f.name for f in out if f.name not in ("_fp", FLAG, WRITTEN)]
+
+    def results(batches: Iterator[pa.RecordBatch]):
+        pending: deque[pa.RecordBatch] = deque()
+
+        def inputs():
+            for batch in batches:
+                pending.append(batch)
+                yield tuple(batch.column(n).to_pandas() for n in ARGS)
+
+        for frame in fetch_prepare_batches(inputs(), fetch, rules, opts):
+            batch = pending.popleft()  # one frame per batch, in order
+            yield batch, fp_struct([frame], batch.column(ARGS[0]))
+
+    def columns(batch: pa.RecordBatch, fp: pa.StructArray) -> list[pa.Array]:
+        processed = batch.column(ARGS[0]).fill_null(False)
+        cols = []
+        for name in keep:
+            values = batch.column(name)
+            if name == "image_bytes":  # carried into the result: not sent back
+                values = pc.if_else(processed, pa.nulls(len(values), values.type), values)
+            cols.append(values)
+        return cols
+
+    def plain(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch, fp in results(batches):
+            yield _batch([*columns(batch, fp), fp], out)
+
+    def writing(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        refused = sink.hashes()
+        done: list[tuple[list, pa.Array]] = []
+
+        def stored():
+            for batch, fp in results(batches):
+                accepted = _accepted(fp, refused)
+                done.append((columns(batch, fp), _without_image(fp), accepted))
+                if accepted.true_count:
+                    yield _stored_rows(batch, fp, accepted, sink)
+
+        rows = stored()
+        first = next(rows, None)  # a task that accepts no row writes nothing
+        written = sink.write(_chain(first, rows)) if first is not None else []
+        last = max((k for k, d in enumerate(done) if len(d[2])), default=None)
+        for k, (cols, fp, accepted) in enumerate(done):
+            listed = [None] * len(accepted)
+            if k == last and written:
+                listed[-1] = written
+            yield _batch([*cols, fp, accepted, pa.array(listed, pa.list_(pa.string()))], out)
+
+    return plain if sink is None else writing
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _without_image(fp: pa.StructArray) -> pa.StructArray:
+    fields = list(fp.type)
+    arrays = [fp.field(f.name) if f.name != "image" else pa.nulls(len(fp), f.type)
+              for f in fields]
+    return pa.StructArray.from_arrays(arrays, fields=fields, mask=fp.is_null())
+
+
+def _batch(arrays: list[pa.Array], schema: pa.Schema) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [a if a.type == f.type else a.cast(f.type) for a, f in zip(arrays, schema,
+                                                                    strict=True)],
+        schema=schema)
