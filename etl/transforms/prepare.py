@@ -19,6 +19,7 @@ from etl.transforms.prepare_task import (
     FP_TYPE,
     WRITTEN,
     RowSink,
+    batch_args,
     fp_struct,
     task_function,
 )
@@ -58,9 +59,7 @@ def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[Sourc
     rules = {s.name: rules_for(s) for s in sources}
     read_ok = F.coalesce(F.col("read_status") == "ok", F.lit(False))
     need = F.col("_need")
-    # Rows not processed pass nulls.
-    args = (read_ok, F.col("source"), F.when(need, F.col("image_ref")), F.col("image_offset"),
-            F.col("image_length"), F.when(read_ok, F.col("image_bytes")))
+    args = (read_ok, F.when(need, F.col("image_ref")))  # ARGS: rows not processed pass nulls
     staged = df.withColumn("_need", needs_fetch()).select(
         "*", *[a.alias(n) for a, n in zip(args, ARGS, strict=True)])
     if on_driver:
@@ -99,9 +98,8 @@ def _fetch_prepare_here(staged: DataFrame, fetch: FetchConfig, rules: Mapping,
     where the row is not to be processed) computed in this process, as a frame of local
     data."""
     table = local_arrow(staged)
-    inputs = table.select(list(ARGS)).to_pandas()
-    chunks = (tuple(inputs[n].iloc[i:i + _DRIVER_BATCH].reset_index(drop=True)
-                    for n in ARGS) for i in range(0, len(inputs), _DRIVER_BATCH))
+    chunks = (batch_args(table.slice(i, _DRIVER_BATCH))
+              for i in range(0, table.num_rows, _DRIVER_BATCH))
     frames = list(fetch_prepare_batches(chunks, fetch, rules, opts))
     struct = fp_struct(frames, table.column(ARGS[0]).combine_chunks())
     local = table.drop_columns(list(ARGS)).append_column("_fp", struct)

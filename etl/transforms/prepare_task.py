@@ -29,11 +29,13 @@ from udfs.arrow_types import nullable_type
 from udfs.images import PREPARED_TYPE
 from udfs.ingest import FETCH_PREPARE_TYPE, fetch_prepare_batches
 
-__all__ = ["ARGS", "FP_TYPE", "WRITTEN", "FLAG", "RowSink", "fp_struct", "task_function"]
+__all__ = ["ARGS", "FP_TYPE", "WRITTEN", "FLAG", "RowSink", "batch_args", "fp_struct",
+           "task_function"]
 
-# The UDF body's arguments, as columns Spark computes before the task (process, source,
-# ref, offset, length, image: udfs.ingest.fetch_prepare_batches).
-ARGS = tuple(f"_fp_arg{i}" for i in range(6))
+# What Spark computes for the batch function before the task: whether the row is
+# processed, and the reference to fetch (null where the row carries its bytes or is not
+# processed). The rest of its arguments are the row's own columns (batch_args).
+ARGS = ("_fp_process", "_fp_ref")
 # The result's type: nullable throughout (udfs/arrow_types.py), null where the row was
 # not processed.
 FP_TYPE = nullable_type(FETCH_PREPARE_TYPE)
@@ -66,6 +68,18 @@ class RowSink:
 
     def hashes(self) -> frozenset[str]:
         return frozenset() if self.refused is None else self.refused.value
+
+
+def batch_args(batch: pa.RecordBatch | pa.Table) -> tuple[pd.Series, ...]:
+    """The batch function's arguments (process, source, ref, offset, length, image) of
+    rows with the :data:`ARGS` columns: the image bytes only where processed, each
+    crossing from the JVM once."""
+    process = batch.column(ARGS[0])
+    image = pc.if_else(pc.fill_null(process, False), batch.column("image_bytes"),
+                       pa.nulls(len(process), batch.schema.field("image_bytes").type))
+    return tuple(c.to_pandas() for c in (
+        process, batch.column("source"), batch.column(ARGS[1]), batch.column("image_offset"),
+        batch.column("image_length"), image))
 
 
 def fp_struct(frames: Sequence[pd.DataFrame], processed: pa.Array) -> pa.StructArray:
@@ -126,7 +140,7 @@ def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Sch
         def inputs():
             for batch in batches:
                 pending.append(batch)
-                yield tuple(batch.column(n).to_pandas() for n in ARGS)
+                yield batch_args(batch)
 
         for frame in fetch_prepare_batches(inputs(), fetch, rules, opts):
             batch = pending.popleft()  # one frame per batch, in order
