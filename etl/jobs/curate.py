@@ -420,10 +420,12 @@ class _Prepared:
     # Lance fragments; or local data, with them); None: none
     outcome_rows: list  # outcome_counts(rows), collected
     examples: tuple[str, ...]  # a few failed records, for the failure budgets' messages
-    on_driver: bool = False  # `rows` are local data, prepared on the driver
+    on_driver: bool = False  # prepared on the driver: `rows` are local data, or their
+    # takedown checks (joins) are not
     written: PendingAppend | None = None  # the accepted rows, written by the tasks that
     # prepared them, to commit (not on the driver)
     fragments: tuple = ()  # what `written`'s tasks wrote, one list per task
+    cached: DataFrame | None = None  # the persisted frame `rows` reads (to unpersist)
 
     @classmethod
     def nothing(cls) -> _Prepared:
@@ -485,14 +487,15 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
         outcome_rows = outcome_counts_here(prepared)
         return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
                          on_driver=True)
-    prepared = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    prepared = cached = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     fragments: tuple = ()
     if written is not None:
         fragments = _written_fragments(prepared)
         prepared = prepared.drop(FLAG, WRITTEN)
     outcome_rows = outcome_counts(prepared).collect()
     return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
-                     written=written, fragments=fragments)
+                     on_driver=diff.on_driver, written=written, fragments=fragments,
+                     cached=cached)
 
 
 def _pending_append(spark: SparkSession, cfg: Config, todo: DataFrame, run_id: str,
@@ -754,7 +757,7 @@ def curate(spark: SparkSession, cfg: Config, run_id: str,
         counts = _record_accounting(cfg, cat, diff, prep, removals, [pending, gone], run_id,
                                     now)
         _purge_due(cat, now)
-    for df in (prep.rows, diff.listed):
+    for df in (prep.cached, diff.listed):
         if df is not None:
             df.unpersist()
     ds = _closing_check(cat)

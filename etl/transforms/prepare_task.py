@@ -93,12 +93,11 @@ def fp_struct(frames: Sequence[pd.DataFrame], processed: pa.Array) -> pa.StructA
         mask=pc.invert(processed.fill_null(False)))
 
 
-def _accepted(fp: pa.StructArray, refused: frozenset[str]) -> pa.BooleanArray:
+def _accepted(fp: pa.StructArray, refused: pa.Array | None) -> pa.BooleanArray:
     ok = pc.fill_null(pc.equal(fp.field("status"), "ok"), False)
-    if refused:
-        values = pa.array(sorted(refused), pa.string())
+    if refused is not None:
         for name in ("original_sha256", "image_sha256"):
-            ok = pc.and_(ok, pc.invert(pc.is_in(fp.field(name), value_set=values)))
+            ok = pc.and_(ok, pc.invert(pc.is_in(fp.field(name), value_set=refused)))
     return ok
 
 
@@ -161,19 +160,33 @@ def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Sch
             yield _batch([*columns(batch, fp), fp], out)
 
     def writing(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        refused = sink.hashes()
-        done: list[tuple[list, pa.Array]] = []
+        hashes = sink.hashes()
+        refused = pa.array(sorted(hashes), pa.string()) if hashes else None
+        # What goes on, kept until the task's rows are written: copies, so that no input
+        # batch (and the image bytes in it) stays alive with them.
+        done: list[tuple[list, pa.Array, pa.Array]] = []
+        failed: list[BaseException] = []
 
         def stored():
-            for batch, fp in results(batches):
-                accepted = _accepted(fp, refused)
-                done.append((columns(batch, fp), _without_image(fp), accepted))
-                if accepted.true_count:
-                    yield _stored_rows(batch, fp, accepted, sink)
+            try:
+                for batch, fp in results(batches):
+                    accepted = _accepted(fp, refused)
+                    done.append(([pa.concat_arrays([c]) for c in columns(batch, fp)],
+                                 _without_image(fp), accepted))
+                    if accepted.true_count:
+                        yield _stored_rows(batch, fp, accepted, sink)
+            except BaseException as exc:  # raised through the writer: kept as it was
+                failed.append(exc)
+                raise
 
         rows = stored()
         first = next(rows, None)  # a task that accepts no row writes nothing
-        written = sink.write(_chain(first, rows)) if first is not None else []
+        try:
+            written = sink.write(_chain(first, rows)) if first is not None else []
+        except Exception:
+            if failed:  # our own failure, not the write's
+                raise failed[0] from None
+            raise
         last = max((k for k, d in enumerate(done) if len(d[2])), default=None)
         for k, (cols, fp, accepted) in enumerate(done):
             listed = [None] * len(accepted)
