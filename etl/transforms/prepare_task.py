@@ -16,6 +16,7 @@ the two can never drift apart unnoticed.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -145,7 +146,7 @@ def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Sch
             batch = pending.popleft()  # one frame per batch, in order
             yield batch, fp_struct([frame], batch.column(ARGS[0]))
 
-    def columns(batch: pa.RecordBatch, fp: pa.StructArray) -> list[pa.Array]:
+    def columns(batch: pa.RecordBatch) -> list[pa.Array]:
         processed = batch.column(ARGS[0]).fill_null(False)
         cols = []
         for name in keep:
@@ -157,7 +158,7 @@ def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Sch
 
     def plain(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch, fp in results(batches):
-            yield _batch([*columns(batch, fp), fp], out)
+            yield _batch([*columns(batch), fp], out)
 
     def writing(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         hashes = sink.hashes()
@@ -171,7 +172,7 @@ def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Sch
             try:
                 for batch, fp in results(batches):
                     accepted = _accepted(fp, refused)
-                    done.append(([pa.concat_arrays([c]) for c in columns(batch, fp)],
+                    done.append(([pa.concat_arrays([c]) for c in columns(batch)],
                                  _without_image(fp), accepted))
                     if accepted.true_count:
                         yield _stored_rows(batch, fp, accepted, sink)
@@ -182,7 +183,7 @@ def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Sch
         rows = stored()
         first = next(rows, None)  # a task that accepts no row writes nothing
         try:
-            written = sink.write(_chain(first, rows)) if first is not None else []
+            written = sink.write(itertools.chain([first], rows)) if first is not None else []
         except Exception:
             if failed:  # our own failure, not the write's
                 raise failed[0] from None
@@ -195,11 +196,6 @@ def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Sch
             yield _batch([*cols, fp, accepted, pa.array(listed, pa.list_(pa.string()))], out)
 
     return plain if sink is None else writing
-
-
-def _chain(first, rest):
-    yield first
-    yield from rest
 
 
 def _without_image(fp: pa.StructArray) -> pa.StructArray:

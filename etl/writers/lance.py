@@ -272,10 +272,6 @@ class PendingAppend:
     writer: _LanceWriter
 
     @property
-    def path(self) -> str:
-        return self.writer.path
-
-    @property
     def schema(self) -> pa.Schema:
         """The columns and types the rows are written with: the table's, for an
         existing table."""
