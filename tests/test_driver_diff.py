@@ -6,6 +6,7 @@ expectations are written down from the edits the test makes to the folder."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -15,6 +16,7 @@ from etl.jobs import curate as curate_job
 from etl.lakehouse.catalog import Catalog
 from etl.pipeline.preflight import check_sources
 from etl.schema import sample_id_of
+from etl.sources.file_table import TableSource
 from etl.sources.image_folder import ImageFolderSource
 
 pytestmark = pytest.mark.slow
@@ -88,3 +90,83 @@ def test_an_empty_listing_defers_removals_on_the_driver(spark, tmp_path, monkeyp
     assert driver[1:] == in_spark[1:] == (
         {}, [], [],
         {"photos": "deferred: the source lists no record at all"})
+
+
+def _table_diff(spark, cfg, *, here: bool, monkeypatch):
+    with monkeypatch.context() as m:
+        if not here:
+            m.setattr(TableSource, "lists_here", lambda self, source: False)
+        cat = Catalog.of(spark, cfg)
+        diff = curate_job._diff_sources(spark, cfg, cat)
+        removals = curate_job._find_removed(spark, cfg, diff)
+        todo = sorted(((r.source_key, r.read_reason, r.image_ref, r.occurrence)
+                       for r in diff.listed.where("NOT unchanged").collect()),
+                      key=lambda t: tuple(str(v) for v in t))
+        gone = sorted((r.sample_id, r.status) for r in removals.records.collect()) \
+            if removals.records is not None else []
+        return (curate_job.is_local(diff.listed),
+                {k: (v["n"], v["unchanged"], v["failures"]) for k, v in diff.stats.items()},
+                todo, gone, removals.scans)
+
+
+def _jsonl(path, rows) -> None:
+    path.write_text("".join(r if isinstance(r, str) else json.dumps(r) + "\n" for r in rows))
+
+
+def test_a_url_list_compared_here_and_in_spark_agree(spark, tmp_path, monkeypatch):
+    """A small local URL list is numbered and compared on the driver, as Spark does it:
+    repeated keys (the readable copy first), a malformed line, a first run without a
+    manifest, then new, retried and removed records, then an unreadable file."""
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    for i in range(6):
+        (lists / f"p{i}.jpg").write_bytes(_img(i))
+    rows = [{"key": f"k{i}", "url": f"p{i}.jpg", "caption": f"photo {i}"} for i in range(5)]
+    rows += [{"key": "k1", "url": "missing-elsewhere.jpg"},  # a second copy of k1
+             {"key": "k2"},  # a copy of k2 without a reference: rejected, never kept first
+             "not json\n"]  # malformed_row
+    _jsonl(lists / "a.jsonl", rows)
+    cfg = make_config(tmp_path / "root", [
+        {"name": "web", "kind": "table", "path": str(lists),
+         "columns": {"key": "key", "url": "url", "caption": "caption"}}])
+    check_sources(cfg)
+
+    here = _table_diff(spark, cfg, here=True, monkeypatch=monkeypatch)
+    in_spark = _table_diff(spark, cfg, here=False, monkeypatch=monkeypatch)
+    assert here[0] and not in_spark[0]  # each took the path it was meant to
+    assert here[1:] == in_spark[1:]
+    stats, todo, gone, scans = here[1:]
+    assert stats == {"web": (8, 0, 0)} and gone == [] and scans == {}
+    first = {(k, reason, occ) for k, reason, _, occ in todo}
+    assert {k for k, reason, occ in first if occ == 1 and reason is None} == {
+        "k0", "k1", "k2", "k3", "k4"}
+    assert ("k1", None, 2) in first and ("k2", "missing_image", 2) in first
+    assert [(r, o) for k, r, o in first if k.startswith("a.jsonl#")] == [("malformed_row", 1)]
+    # The copy of k1 kept is the one whose reference sorts first, as in Spark.
+    assert [ref for k, _, ref, occ in todo if k == "k1" and occ == 1] == [
+        min(str(lists / "p1.jpg"), str(lists / "missing-elsewhere.jpg"))]
+
+    curate_job.curate(spark, cfg, "night-1")
+    _jsonl(lists / "a.jsonl", [r for r in rows if not isinstance(r, dict) or r.get("key") != "k3"]
+           + [{"key": "k5", "url": "p5.jpg"}])  # k3 removed, k5 new
+    spark.sql(f"UPDATE delta.`{Catalog.of(spark, cfg).manifest.path}` SET status = "
+              f"'rejected', stage = 'fetch', reason = 'timeout' WHERE source_key = 'k4'")
+    here = _table_diff(spark, cfg, here=True, monkeypatch=monkeypatch)
+    in_spark = _table_diff(spark, cfg, here=False, monkeypatch=monkeypatch)
+    assert here[0] and not in_spark[0]
+    assert here[1:] == in_spark[1:]
+    stats, todo, gone, scans = here[1:]
+    # 8 listed: k0-k2, k4, k5, the copies of k1 and k2, the malformed line; new: k5;
+    # retried: k4; the malformed line is keyed by its line number, which moved.
+    assert {k for k, *_ in todo} == {"k4", "k5", "a.jsonl#line7"}
+    assert stats == {"web": (8, 5, 0)}
+    assert {sid for sid, _ in gone} == {sample_id_of("web", "k3"),
+                                        sample_id_of("web", "a.jsonl#line8")}
+    assert scans == {"web": "listing"}
+
+    (lists / "b.parquet").write_bytes(b"PAR1 not a parquet file")  # unreadable: removals
+    here = _table_diff(spark, cfg, here=True, monkeypatch=monkeypatch)  # wait for a full
+    in_spark = _table_diff(spark, cfg, here=False, monkeypatch=monkeypatch)  # listing
+    assert here[1:] == in_spark[1:]
+    assert here[1]["web"][2] == 1 and here[3] == []
+    assert here[4] == {"web": "deferred: 1 record(s) of unreadable files/shards"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 import pyarrow as pa
+import pytest
 from pyspark.sql import functions as F
 from support import jpeg_bytes, png_bytes
 
@@ -138,3 +139,27 @@ def test_outcome_counts_of_local_rows_here_equal_spark_aggregate(spark):
     examples = {r.reason: tuple(r.example) for r in here if r.example is not None}
     assert examples == {"undecodable": ("k3", None), "missing_image": ("kz", "y"),
                         "internal_error": ("k9", "boom")}
+
+
+def test_outcome_counts_and_the_tasks_fragments_in_one_job(spark):
+    """Curate's one aggregate after a fetch + prepare job whose tasks wrote to Lance: the
+    same outcome rows as `outcome_counts`, every task's list of fragments (it rides on
+    one row of the task), and a stage failure if a row's ``_written`` flag and its
+    status disagree."""
+    from etl.jobs.curate import _outcome_and_fragments
+    from etl.transforms.prepare_task import FLAG, WRITTEN
+
+    prepared = _prepared(spark)
+    ok = F.col("status") == "ok"
+    lists = F.when(F.col("sample_id") == "id1", F.array(F.lit("f1"), F.lit("f2"))) \
+        .when(F.col("sample_id") == "id4", F.array(F.lit("f3")))
+    staged = prepared.withColumns({FLAG: ok, WRITTEN: lists})
+    rows, fragments = _outcome_and_fragments(staged)
+    assert sorted(map(tuple, rows), key=str) == sorted(
+        map(tuple, outcome_counts(prepared).collect()), key=str)
+    assert rows[0].__fields__ == outcome_counts(prepared).columns
+    assert sorted(fragments) == [["f1", "f2"], ["f3"]]
+    wrong = prepared.withColumns({FLAG: F.col("sample_id").isin("id1", "id3"),
+                                  WRITTEN: F.lit(None).cast("array<string>")})
+    with pytest.raises(RuntimeError, match="2 row"):
+        _outcome_and_fragments(wrong)  # id2 accepted, not written; id3 the reverse

@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import reduce
 
+import pyarrow as pa
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -46,7 +47,7 @@ from etl.lakehouse.maintenance import (
 )
 from etl.ledger import code_version
 from etl.runtime.faults import fault_point
-from etl.runtime.local import is_local
+from etl.runtime.local import is_local, local_arrow
 from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.schema import (
     REMOVED,
@@ -290,9 +291,10 @@ class _Diff:
 
 
 def _diff_sources(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff:
-    driver = _diff_on_driver(spark, cfg, cat)
-    if driver is not None:
-        return driver
+    for compare_here in (_diff_on_driver, _diff_listed_here):
+        diff = compare_here(spark, cfg, cat)
+        if diff is not None:
+            return diff
     manifest = cat.manifest.snapshot()  # read before it is merged into
     refused = cat.takedowns.identifiers()
     versions = {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources
@@ -327,13 +329,7 @@ def _diff_on_driver(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | N
     known = cat.manifest.known() if cat.manifest.exists() else None
     if known is None:
         return None  # a first run (nothing to compare), or too many rows for the driver
-    by_id, live_ids = {}, {}
-    for row in known.to_pylist():
-        if row["status"] == REMOVED and row["reason"] == "source_removed":
-            continue  # a record back after leaving its source is new
-        by_id[row["sample_id"]] = (row["fingerprint"], is_retry(row["status"], row["reason"]))
-        if row["status"] != REMOVED:
-            live_ids.setdefault(row["source"], {})[row["sample_id"]] = row["status"]
+    by_id, live_ids = _known_ids(known)
     stats, changed, gone, scans = {}, {}, [], {}
     for s in cfg.sources:
         ids = {key: sample_id_of(s.name, key) for key in listings[s.name]}
@@ -365,6 +361,104 @@ def _diff_on_driver(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | N
     return _Diff(None, cat.takedowns.identifiers(), versions, {}, {}, listed, stats,
                  has_manifest=True, removed=_Removals(records, scans, {}),
                  on_driver=on_driver)
+
+
+def _known_ids(known) -> tuple[dict[str, tuple[str | None, bool]], dict[str, dict[str, str]]]:
+    """The manifest's rows read by delta-rs (:meth:`Manifest.known`) as a driver-side
+    comparison needs them: ``sample_id -> (fingerprint, retried)`` of every record a
+    listing may find unchanged (not those that left their source: back, they are new),
+    and per source ``sample_id -> status`` of the records still there."""
+    by_id, live_ids = {}, {}
+    for row in known.to_pylist():
+        if row["status"] == REMOVED and row["reason"] == "source_removed":
+            continue  # a record back after leaving its source is new
+        by_id[row["sample_id"]] = (row["fingerprint"], is_retry(row["status"], row["reason"]))
+        if row["status"] != REMOVED:
+            live_ids.setdefault(row["source"], {})[row["sample_id"]] = row["status"]
+    return by_id, live_ids
+
+
+def _diff_listed_here(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | None:
+    """Step "diff sources" without a Spark job, when every source's listing is local data
+    (:meth:`~etl.sources.base.SourceAdapter.lists_here`: small local URL lists) and the
+    manifest is absent (a first run) or read by delta-rs within the driver bound: the
+    listing is read back here, its repeated keys numbered and its records compared with
+    the manifest as :func:`mark_unchanged` does in Spark, its counts taken and removals
+    found here; only the new and changed records go on, as local data. None: compare in
+    Spark."""
+    if not all(adapter_for(s.kind).lists_here(s) for s in cfg.sources):
+        return None
+    has_manifest = cat.manifest.exists()
+    known = cat.manifest.known() if has_manifest else None
+    if has_manifest and known is None:
+        return None  # too many rows for the driver
+    listing = list_sources(spark, cfg)
+    if not is_local(listing):
+        return None
+    table = local_arrow(listing)
+    by_id, live_ids = _known_ids(known) if known is not None else ({}, {})
+    col = {name: table.column(name).to_pylist() for name in (
+        "sample_id", "source", "source_key", "read_status", "read_reason", "source_uri",
+        "image_ref", "image_offset", "fingerprint")}
+    occurrence = _occurrences(col)
+    unchanged = []
+    for sid, fp in zip(col["sample_id"], col["fingerprint"], strict=True):
+        fp_known, retry = by_id.get(sid, (None, True))
+        unchanged.append(not retry and fp_known == fp)
+    stats, ids = {}, {}
+    for i, name in enumerate(col["source"]):
+        st = stats.setdefault(name, {"source": name, "n": 0, "unchanged": 0, "failures": 0})
+        st["n"] += 1
+        st["unchanged"] += unchanged[i]
+        st["failures"] += col["read_reason"][i] in CONTAINER_FAILURES
+        ids.setdefault(name, {})[col["source_key"][i]] = col["sample_id"][i]
+    removed = None
+    if has_manifest:
+        gone, scans = [], {}
+        for s in cfg.sources:
+            failures = stats.get(s.name, {}).get("failures")
+            if failures and s.on_removed != "keep":
+                scans[s.name] = f"deferred: {failures} record(s) of unreadable files/shards"
+                log.warning("curate: source %s: removals deferred, %s", s.name, scans[s.name])
+                continue
+            scans[s.name], left = _driver_removals(s, live_ids.get(s.name, {}),
+                                                   ids.get(s.name, {}))
+            gone += [(sid, s.name, status) for sid, status in left]
+        records = None
+        if gone:
+            records = spark.createDataFrame(
+                gone, "sample_id string, source string, status string"
+            ).withColumn("reason", F.lit("source_removed"))
+        removed = _Removals(records, scans, {})
+    todo = pa.array([not u for u in unchanged], pa.bool_())
+    new = table.append_column("occurrence", pa.array(occurrence, pa.int32())).append_column(
+        "unchanged", pa.array(unchanged, pa.bool_())).filter(todo)
+    listed = spark.createDataFrame(new, T.StructType(listing.schema.fields + [
+        T.StructField("occurrence", T.IntegerType(), False),
+        T.StructField("unchanged", T.BooleanType(), False)]))
+    versions = {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources
+                if s.on_removed == "delete"}
+    return _Diff(None, cat.takedowns.identifiers(), versions, {}, {}, listed, stats,
+                 has_manifest=has_manifest, removed=removed,
+                 on_driver=len(new) <= cfg.prepare.driver_rows)
+
+
+def _occurrences(col: dict[str, list]) -> list[int]:
+    """:func:`mark_unchanged`'s ``occurrence`` for listed rows (columns as lists): 1 for
+    the copy kept of each ``sample_id``, readable copies first, then by URI, reference,
+    offset and fingerprint, nulls first as Spark orders them."""
+    def first_nulls(v):
+        return (v is not None, v if v is not None else "")
+
+    order = sorted(range(len(col["sample_id"])), key=lambda i: (
+        col["sample_id"][i], col["read_status"][i] != "ok",
+        *(first_nulls(col[c][i]) for c in ("source_uri", "image_ref", "image_offset",
+                                           "fingerprint"))))
+    out, previous, n = [0] * len(order), None, 0
+    for i in order:
+        n = n + 1 if col["sample_id"][i] == previous else 1
+        out[i], previous = n, col["sample_id"][i]
+    return out
 
 
 def _driver_removals(source: SourceConfig, live: dict[str, str], ids: dict[str, str]
@@ -489,10 +583,11 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
                          on_driver=True)
     prepared = cached = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     fragments: tuple = ()
-    if written is not None:
-        fragments = _written_fragments(prepared)
+    if written is None:
+        outcome_rows = outcome_counts(prepared).collect()
+    else:
+        outcome_rows, fragments = _outcome_and_fragments(prepared)
         prepared = prepared.drop(FLAG, WRITTEN)
-    outcome_rows = outcome_counts(prepared).collect()
     return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
                      on_driver=diff.on_driver, written=written, fragments=fragments,
                      cached=cached)
@@ -519,21 +614,26 @@ def _row_sink(spark: SparkSession, written: PendingAppend, refused: DataFrame | 
                    T.TimestampType().toInternal(now), hashes)
 
 
-def _written_fragments(staged: DataFrame) -> tuple:
-    """What the tasks wrote (one list per task), once the persisted rows are computed;
-    fails the stage if a row's ``_written`` and its final status disagree (a bug: the
-    tasks decide what is accepted as the outcome columns do)."""
-    row = staged.agg(
-        F.collect_list(WRITTEN).alias("written"),
+def _outcome_and_fragments(staged: DataFrame) -> tuple[list[Row], tuple]:
+    """The outcome counts (as :func:`outcome_counts` collects them) and what the tasks
+    wrote (one list per task), in one job once the persisted rows are computed; fails
+    the stage if a row's ``_written`` and its final status disagree (a bug: the tasks
+    decide what is accepted as the outcome columns do)."""
+    groups = outcome_counts(
+        staged,
+        F.collect_list(WRITTEN).alias("_written_lists"),
         F.sum(F.when(~F.col(FLAG).eqNullSafe(F.col("status") == "ok"), 1).otherwise(0))
-        .alias("disagree"),
-    ).first()
-    if row["disagree"]:
+        .alias("_disagree"),
+    ).collect()
+    disagree = sum(g["_disagree"] for g in groups)
+    if disagree:
         raise RuntimeError(
-            f"curate: {row['disagree']} row(s) were written to Lance by the fetch + prepare "
+            f"curate: {disagree} row(s) were written to Lance by the fetch + prepare "
             "tasks but are not accepted, or accepted but not written: the tasks' acceptance "
             "and the outcome columns disagree (nothing is committed)")
-    return tuple(list(w) for w in row["written"])
+    names = [n for n in groups[0].__fields__ if not n.startswith("_")] if groups else []
+    return ([Row(**{n: g[n] for n in names}) for g in groups],
+            tuple(list(w) for g in groups for w in g["_written_lists"]))
 
 
 # New records per fetch + prepare task, each writing its own Lance fragment: a night of

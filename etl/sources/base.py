@@ -69,6 +69,13 @@ class SourceAdapter(ABC):
         fingerprints: curate then skips comparing the listing with the manifest."""
         return None
 
+    def lists_here(self, source: SourceConfig) -> bool:
+        """Whether :meth:`read` lists this source as local data: read on the driver and
+        handed to Spark as an Arrow table (a small local URL list), so that curate can
+        number its repeated keys and compare it with the manifest here, without a Spark
+        job. False for kinds read in Spark tasks."""
+        return False
+
     def driver_listing(self, source: SourceConfig) -> dict[str, str | None] | None:
         """``source_key -> fingerprint`` of every record :meth:`read` would list, listed
         on the driver without opening a record (a folder's names, sizes and mtimes);

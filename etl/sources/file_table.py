@@ -148,6 +148,9 @@ class TableSource(SourceAdapter):
         if names is not None:
             check_mapped_columns(source, names, "table", os.path.basename(path))
 
+    def lists_here(self, source: SourceConfig) -> bool:
+        return _read_here(self._files(source))
+
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
         version: int | None = None,

@@ -182,18 +182,19 @@ def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
     ).select(*REJECTS_SCHEMA.fieldNames())
 
 
-def outcome_counts(prepared: DataFrame) -> DataFrame:
+def outcome_counts(prepared: DataFrame, *extra: Column) -> DataFrame:
     """Counts by (source, stage, status, reason, filter_reason): the run's accounting,
     as data. `filter_reason` is set on accepted rows a light filter flagged. Each group
     of failed rows also carries an `example`: the key and detail of one of its rows (the
-    smallest key, so the same input gives the same example)."""
+    smallest key, so the same input gives the same example). `extra`: more aggregates
+    per group, after those (computed by the same job)."""
     filter_reason = F.col("prepared.filter_reason").alias("filter_reason")
     example = F.min(F.when(
         F.col("status") != "ok",
         F.struct(F.col("source_key").alias("key"), F.col("detail").alias("detail")),
     )).alias("example")
     return prepared.groupBy("source", "stage", "status", "reason", filter_reason).agg(
-        F.count(F.lit(1)).alias("count"), example
+        F.count(F.lit(1)).alias("count"), example, *extra
     )
 
 
