@@ -99,14 +99,17 @@ def _table_diff(spark, cfg, *, here: bool, monkeypatch):
         cat = Catalog.of(spark, cfg)
         diff = curate_job._diff_sources(spark, cfg, cat)
         removals = curate_job._find_removed(spark, cfg, diff)
+        rows = diff.listed.where("NOT unchanged").collect()
         todo = sorted(((r.source_key, r.read_reason, r.image_ref, r.occurrence)
-                       for r in diff.listed.where("NOT unchanged").collect()),
-                      key=lambda t: tuple(str(v) for v in t))
+                       for r in rows), key=lambda t: tuple(str(v) for v in t))
+        # The rest of each row, as finish_ingest makes it (the same in both ways).
+        full = sorted(tuple(str(v) for v in r) for r in rows)
         gone = sorted((r.sample_id, r.status) for r in removals.records.collect()) \
             if removals.records is not None else []
         return (curate_job.is_local(diff.listed),
-                {k: (v["n"], v["unchanged"], v["failures"]) for k, v in diff.stats.items()},
-                todo, gone, removals.scans)
+                {k: (v["n"], v["unchanged"], v["failures"] or 0)
+                 for k, v in diff.stats.items()},
+                todo, gone, removals.scans, full)
 
 
 def _jsonl(path, rows) -> None:
@@ -122,20 +125,21 @@ def test_a_url_list_compared_here_and_in_spark_agree(spark, tmp_path, monkeypatc
     for i in range(6):
         (lists / f"p{i}.jpg").write_bytes(_img(i))
     rows = [{"key": f"k{i}", "url": f"p{i}.jpg", "caption": f"photo {i}"} for i in range(5)]
+    rows[0]["lic"] = "cc0-1.0"  # its own licence; the others take the source's
     rows += [{"key": "k1", "url": "missing-elsewhere.jpg"},  # a second copy of k1
              {"key": "k2"},  # a copy of k2 without a reference: rejected, never kept first
              "not json\n"]  # malformed_row
     _jsonl(lists / "a.jsonl", rows)
     cfg = make_config(tmp_path / "root", [
-        {"name": "web", "kind": "table", "path": str(lists),
-         "columns": {"key": "key", "url": "url", "caption": "caption"}}])
+        {"name": "web", "kind": "table", "path": str(lists), "license": "cc-by-4.0",
+         "columns": {"key": "key", "url": "url", "caption": "caption", "license": "lic"}}])
     check_sources(cfg)
 
     here = _table_diff(spark, cfg, here=True, monkeypatch=monkeypatch)
     in_spark = _table_diff(spark, cfg, here=False, monkeypatch=monkeypatch)
     assert here[0] and not in_spark[0]  # each took the path it was meant to
     assert here[1:] == in_spark[1:]
-    stats, todo, gone, scans = here[1:]
+    stats, todo, gone, scans, full = here[1:]
     assert stats == {"web": (8, 0, 0)} and gone == [] and scans == {}
     first = {(k, reason, occ) for k, reason, _, occ in todo}
     assert {k for k, reason, occ in first if occ == 1 and reason is None} == {
@@ -145,6 +149,9 @@ def test_a_url_list_compared_here_and_in_spark_agree(spark, tmp_path, monkeypatc
     # The copy of k1 kept is the one whose reference sorts first, as in Spark.
     assert [ref for k, _, ref, occ in todo if k == "k1" and occ == 1] == [
         min(str(lists / "p1.jpg"), str(lists / "missing-elsewhere.jpg"))]
+    ids = {r[0] for r in full}  # sample_id, the schema's first column
+    assert sample_id_of("web", "k3") in ids and len(ids) == 6
+    assert sum("cc0-1.0" in r for r in full) == 1 and sum("cc-by-4.0" in r for r in full) == 7
 
     curate_job.curate(spark, cfg, "night-1")
     _jsonl(lists / "a.jsonl", [r for r in rows if not isinstance(r, dict) or r.get("key") != "k3"]
@@ -155,7 +162,7 @@ def test_a_url_list_compared_here_and_in_spark_agree(spark, tmp_path, monkeypatc
     in_spark = _table_diff(spark, cfg, here=False, monkeypatch=monkeypatch)
     assert here[0] and not in_spark[0]
     assert here[1:] == in_spark[1:]
-    stats, todo, gone, scans = here[1:]
+    stats, todo, gone, scans, full = here[1:]
     # 8 listed: k0-k2, k4, k5, the copies of k1 and k2, the malformed line; new: k5;
     # retried: k4; the malformed line is keyed by its line number, which moved.
     assert {k for k, *_ in todo} == {"k4", "k5", "a.jsonl#line7"}

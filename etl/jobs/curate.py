@@ -47,7 +47,7 @@ from etl.lakehouse.maintenance import (
 )
 from etl.ledger import code_version
 from etl.runtime.faults import fault_point
-from etl.runtime.local import is_local, local_arrow
+from etl.runtime.local import is_local
 from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.schema import (
     REMOVED,
@@ -56,7 +56,7 @@ from etl.schema import (
     sample_id_col,
     sample_id_of,
 )
-from etl.sources import adapter_for, finish_ingest
+from etl.sources import adapter_for, finish_ingest, finish_ingest_here
 from etl.transforms.accounting import (
     SourceCounts,
     accounting_rows,
@@ -379,23 +379,22 @@ def _known_ids(known) -> tuple[dict[str, tuple[str | None, bool]], dict[str, dic
 
 
 def _diff_listed_here(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | None:
-    """Step "diff sources" without a Spark job, when every source's listing is local data
+    """Step "diff sources" without a Spark job, when every source is listed on the driver
     (:meth:`~etl.sources.base.SourceAdapter.lists_here`: small local URL lists) and the
     manifest is absent (a first run) or read by delta-rs within the driver bound: the
-    listing is read back here, its repeated keys numbered and its records compared with
-    the manifest as :func:`mark_unchanged` does in Spark, its counts taken and removals
-    found here; only the new and changed records go on, as local data. None: compare in
-    Spark."""
+    rows are read here (:meth:`~etl.sources.base.SourceAdapter.read_here`, finished as
+    :func:`finish_ingest` does), their repeated keys numbered and their records compared
+    with the manifest as :func:`mark_unchanged` does in Spark, their counts taken and
+    removals found here; only the new and changed records go on, as local data. None:
+    compare in Spark."""
     if not all(adapter_for(s.kind).lists_here(s) for s in cfg.sources):
         return None
     has_manifest = cat.manifest.exists()
     known = cat.manifest.known() if has_manifest else None
     if has_manifest and known is None:
         return None  # too many rows for the driver
-    listing = list_sources(spark, cfg)
-    if not is_local(listing):
-        return None
-    table = local_arrow(listing)
+    table = pa.concat_tables([finish_ingest_here(adapter_for(s.kind).read_here(s), s)
+                              for s in cfg.sources])
     by_id, live_ids = _known_ids(known) if known is not None else ({}, {})
     col = {name: table.column(name).to_pylist() for name in (
         "sample_id", "source", "source_key", "read_status", "read_reason", "source_uri",
@@ -433,7 +432,7 @@ def _diff_listed_here(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff |
     todo = pa.array([not u for u in unchanged], pa.bool_())
     new = table.append_column("occurrence", pa.array(occurrence, pa.int32())).append_column(
         "unchanged", pa.array(unchanged, pa.bool_())).filter(todo)
-    listed = spark.createDataFrame(new, T.StructType(listing.schema.fields + [
+    listed = spark.createDataFrame(new, T.StructType(SOURCE_SCHEMA.fields + [
         T.StructField("occurrence", T.IntegerType(), False),
         T.StructField("unchanged", T.BooleanType(), False)]))
     versions = {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources

@@ -7,15 +7,18 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl.config import ConfigError, SourceConfig
-from etl.schema import SOURCE_SCHEMA, sample_id_col
+from etl.schema import SOURCE_SCHEMA, sample_id_col, sample_id_of
 
 __all__ = [
-    "SourceAdapter", "finish_ingest", "is_local_path", "local_path", "require_exists",
-    "file_uri", "FLAG_KEYS",
+    "SourceAdapter", "finish_ingest", "finish_ingest_here", "is_local_path", "local_path",
+    "require_exists", "file_uri", "FLAG_KEYS",
 ]
 
 # Mapping keys for the upstream flags every kind may map (to a column or JSON field).
@@ -70,11 +73,17 @@ class SourceAdapter(ABC):
         return None
 
     def lists_here(self, source: SourceConfig) -> bool:
-        """Whether :meth:`read` lists this source as local data: read on the driver and
-        handed to Spark as an Arrow table (a small local URL list), so that curate can
-        number its repeated keys and compare it with the manifest here, without a Spark
-        job. False for kinds read in Spark tasks."""
+        """Whether :meth:`read` lists this source on the driver, handing Spark an Arrow
+        table of local data (a small local URL list): curate then takes the same rows
+        from :meth:`read_here` and numbers their repeated keys, compares them with the
+        manifest and counts them on the driver, without a Spark job. False for kinds
+        read in Spark tasks."""
         return False
+
+    def read_here(self, source: SourceConfig) -> pa.Table:
+        """The rows :meth:`read` gives, read in this process as an Arrow table of
+        :data:`etl.sources.records.RAW_SCHEMA` (kinds whose :meth:`lists_here`)."""
+        raise NotImplementedError(f"kind {self.kind!r} is not read on the driver")
 
     def driver_listing(self, source: SourceConfig) -> dict[str, str | None] | None:
         """``source_key -> fingerprint`` of every record :meth:`read` would list, listed
@@ -129,6 +138,28 @@ def finish_ingest(df: DataFrame, source: SourceConfig) -> DataFrame:
         out = out.withColumn("license", F.coalesce(F.col("license"), F.lit(source.license)))
     out = out.withColumn("sample_id", sample_id_col(F.col("source"), F.col("source_key")))
     return out.select(*SOURCE_SCHEMA.fieldNames())
+
+
+def finish_ingest_here(raw: pa.Table, source: SourceConfig) -> pa.Table:
+    """:func:`finish_ingest` for rows read on the driver (:meth:`SourceAdapter.read_here`),
+    in Arrow: the same columns and values, computed in this process."""
+    schema = to_arrow_schema(SOURCE_SCHEMA)
+    keys = raw.column("source_key").to_pylist()
+    columns = []
+    for f in schema:
+        if f.name == "source":
+            values = pa.array([source.name] * raw.num_rows, f.type)
+        elif f.name == "sample_id":
+            values = pa.array([None if k is None else sample_id_of(source.name, k)
+                               for k in keys], f.type)
+        elif f.name in raw.column_names:
+            values = raw.column(f.name).cast(f.type)
+        else:
+            values = pa.nulls(raw.num_rows, f.type)
+        if f.name == "license" and source.license is not None:
+            values = pc.fill_null(values, source.license)
+        columns.append(values)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def is_local_path(path: str) -> bool:

@@ -28,6 +28,7 @@ nothing that run.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import os
@@ -151,44 +152,56 @@ class TableSource(SourceAdapter):
     def lists_here(self, source: SourceConfig) -> bool:
         return _read_here(self._files(source))
 
+    def read_here(self, source: SourceConfig) -> pa.Table:
+        return _table_here(self._files(source), source)
+
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
         version: int | None = None,
     ) -> DataFrame:
         files = self._files(source)
-        mapping = dict(source.columns)
-        limits = RowLimits.of(source)
-        units = [f[:4] for f in files]  # what `run` reads of each file
-
-        def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            for batch in batches:
-                for unit in batch.to_pylist():
-                    if unit["problem"] is not None:  # never opened
-                        # A file not read: its records are unknown, so (as for any
-                        # unreadable file) the source removes nothing this run.
-                        name = unit["uri"].rsplit("/", 1)[-1]
-                        yield pa.RecordBatch.from_pylist(
-                            [_reject(f"{name}#unreadable", unit["uri"], "unreadable_file",
-                                     f"{unit['problem']}: {unit['problem_detail']}")],
-                            schema=RAW_ARROW_SCHEMA)
-                        continue
-                    for rows in _read_file(unit["uri"], unit["format"], mapping, limits):
-                        if rows:
-                            yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
-
         if _read_here(files):
             # A small local table (a URL list): read here by the same function, handed
             # to Spark as local data -- no Spark job and no Python worker to list it.
-            batch = pa.RecordBatch.from_arrays(
-                [pa.array([u[i] for u in units], pa.string()) for i in range(4)],
-                names=_UNIT_FIELDS)
-            return spark.createDataFrame(pa.Table.from_batches(
-                list(run(iter([batch]))), schema=RAW_ARROW_SCHEMA), RAW_SCHEMA)
+            return spark.createDataFrame(_table_here(files, source), RAW_SCHEMA)
+        units = [f[:4] for f in files]  # what `run` reads of each file
         return spark.createDataFrame(
-            units, ", ".join(f"{n} string" for n in _UNIT_FIELDS)).mapInArrow(run, RAW_SCHEMA)
+            units, ", ".join(f"{n} string" for n in _UNIT_FIELDS)
+        ).mapInArrow(functools.partial(_read_units, mapping=dict(source.columns),
+                                       limits=RowLimits.of(source)), RAW_SCHEMA)
 
 
-# The columns of the file list `read` hands to `run` (one row per data file).
+def _read_units(batches: Iterator[pa.RecordBatch], mapping: dict[str, str],
+                limits: RowLimits) -> Iterator[pa.RecordBatch]:
+    """The rows of the data files a batch of :data:`_UNIT_FIELDS` rows names (a Spark
+    task's, or the driver's), as RAW_SCHEMA batches."""
+    for batch in batches:
+        for unit in batch.to_pylist():
+            if unit["problem"] is not None:  # never opened
+                # A file not read: its records are unknown, so (as for any unreadable
+                # file) the source removes nothing this run.
+                name = unit["uri"].rsplit("/", 1)[-1]
+                yield pa.RecordBatch.from_pylist(
+                    [_reject(f"{name}#unreadable", unit["uri"], "unreadable_file",
+                             f"{unit['problem']}: {unit['problem_detail']}")],
+                    schema=RAW_ARROW_SCHEMA)
+                continue
+            for rows in _read_file(unit["uri"], unit["format"], mapping, limits):
+                if rows:
+                    yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
+
+
+def _table_here(files: list[tuple], source: SourceConfig) -> pa.Table:
+    """Every row of `files`, read in this process (RAW_SCHEMA, as Arrow)."""
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([f[i] for f in files], pa.string()) for i in range(len(_UNIT_FIELDS))],
+        names=list(_UNIT_FIELDS))
+    return pa.Table.from_batches(
+        list(_read_units(iter([batch]), dict(source.columns), RowLimits.of(source))),
+        schema=RAW_ARROW_SCHEMA)
+
+
+# The columns of the file list `_read_units` reads (one row per data file).
 _UNIT_FIELDS = ("uri", "format", "problem", "problem_detail")
 
 
