@@ -130,6 +130,29 @@ def test_table_csv_and_jsonl_with_url_references(spark, tmp_path):
         "https://example.org/a.jpg", "https://example.org/a.jpg", "UNLIKELY")
 
 
+def test_table_over_a_glob_and_a_brace_pattern(spark, tmp_path):
+    (tmp_path / "parts").mkdir()
+    for i in range(3):
+        _write_table(tmp_path / "parts" / f"part-{i}.parquet",
+                     [{"id": f"r{i}", "img": jpeg_bytes(), "alt": f"row {i}", "score": 0.0}])
+    (tmp_path / "parts" / "_SUCCESS").write_bytes(b"")
+    columns = {"key": "id", "image": "img", "caption": "alt"}
+    for pattern, keys in [("parts/part-*.parquet", {"r0", "r1", "r2"}),
+                          ("parts/part-{0,2}.parquet", {"r0", "r2"})]:
+        src = SourceConfig(name="p", kind="table", path=str(tmp_path / pattern), columns=columns)
+        adapter_for(src.kind).check_inputs(src)  # the pattern is not a path to exist
+        rows = _read(spark, src)
+        assert set(rows) == keys and rows["r0"].caption_original == "row 0"
+    src = SourceConfig(name="p", kind="table", path=str(tmp_path / "parts" / "*.csv"),
+                       columns=columns)
+    with pytest.raises(ConfigError, match=r"'p': path .*\*\.csv' matches no parquet"):
+        adapter_for(src.kind).check_inputs(src)
+    src = SourceConfig(name="gone", kind="table", path=str(tmp_path / "gone.parquet"),
+                       columns=columns)
+    with pytest.raises(ConfigError, match="'gone'.*does not exist"):
+        adapter_for(src.kind).check_inputs(src)
+
+
 def test_table_mapping_to_missing_column_fails_before_spark(tmp_path):
     path = tmp_path / "t.parquet"
     _write_table(path, [{"id": "1", "img": b"x", "alt": "a", "score": 1.0}])

@@ -43,7 +43,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from etl.config import ConfigError, SourceConfig
 from etl.sources.base import FLAG_KEYS, SourceAdapter, is_local_path, require_exists
-from etl.sources.listing import expand_pattern, listing_digest
+from etl.sources.listing import expand_pattern, is_pattern, listing_digest
 from etl.sources.records import (
     MISSING,
     RAW_ARROW_SCHEMA,
@@ -131,11 +131,13 @@ class TableSource(SourceAdapter):
         return listing_digest(expand_pattern(source.path, source.follow_symlinks))
 
     def check_inputs(self, source: SourceConfig) -> None:
-        require_exists(source)
+        if not is_pattern(source.path):  # a pattern is judged by what it matches
+            require_exists(source)
         files = self._files(source)
         if not files:
+            holds = "matches" if is_pattern(source.path) else "holds"
             raise ConfigError(
-                f"source {source.name!r}: path {source.path!r} holds no parquet, JSONL or "
+                f"source {source.name!r}: path {source.path!r} {holds} no parquet, JSONL or "
                 "CSV file (field sources[].path; set `format:` for other extensions)"
             )
         if not is_local_path(source.path):

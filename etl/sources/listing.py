@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from etl.sources.base import file_uri, is_local_path, local_path
 from udfs.fetch_local import file_kind
 
-__all__ = ["ListedFile", "list_files", "expand_braces", "expand_pattern", "fingerprint",
-           "listing_digest", "LISTING_REASONS"]
+__all__ = ["ListedFile", "list_files", "expand_braces", "expand_pattern", "is_pattern",
+           "fingerprint", "listing_digest", "LISTING_REASONS"]
 
 # Reasons a listed entry is not read (see the module docstring).
 LISTING_REASONS = ("symlink", "outside_source", "dangling_link", "not_a_file")
@@ -79,6 +79,12 @@ def expand_braces(pattern: str) -> list[str]:
 
 def _has_glob(p: str) -> bool:
     return any(ch in p for ch in "*?[")
+
+
+def is_pattern(path: str) -> bool:
+    """Whether `path` is a pattern (a glob or a brace expression) rather than one path:
+    it names what it matches, which may be nothing."""
+    return _has_glob(path) or _BRACE.search(path) is not None
 
 
 def expand_pattern(pattern: str, follow_symlinks: Follow = False) -> list[ListedFile]:
