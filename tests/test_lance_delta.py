@@ -156,6 +156,56 @@ def test_the_driver_reads_and_appends_as_the_data_source_does(spark, tmp_path):
     assert ds._take_rows([addr._rowaddr], columns=["id"]).to_pylist() == [{"id": 31}]
 
 
+def _pattern(i):
+    return b"%06d" % i * 3000  # 18 kB, distinct per row, compressible
+
+
+def _data_bytes(path, fragments):
+    return sum(os.path.getsize(os.path.join(path, "data", f.path)) for frag in fragments
+               for f in frag.metadata.files)
+
+
+def test_image_bytes_are_written_without_compression(tmp_path):
+    """Binary columns (image files, already compressed) are written with Lance's
+    compression set to none, text columns with its defaults; the setting reaches the
+    data files (a column that names zstd is written small) and an append to a table
+    written before it reads back whole."""
+    from etl.writers.lance import append_local, stored_uncompressed
+
+    def rows(start, schema=None):
+        return pa.Table.from_pydict({
+            "id": pa.array(range(start, start + 300), pa.int64()),
+            "caption": pa.array(["a red bicycle against a wall"] * 300),
+            "image": pa.array([_pattern(i) for i in range(start, start + 300)], pa.binary()),
+        }, schema=schema)
+
+    raw = 300 * 18_000
+    new = str(tmp_path / "new.lance")
+    append_local(new, rows(0))  # a first write creates the table
+    ds = lance.dataset(new)
+    assert ds.schema.field("image").metadata == {b"lance-encoding:compression": b"none"}
+    assert ds.schema.field("caption").metadata is None
+    assert _data_bytes(new, ds.get_fragments()) >= raw
+    # A column that names its compression keeps it, in the schema and in the files.
+    zstd = {b"lance-encoding:compression": b"zstd"}
+    named = pa.schema([pa.field("id", pa.int64()), pa.field("caption", pa.string()),
+                       pa.field("image", pa.binary(), metadata=zstd)])
+    assert stored_uncompressed(named).field("image").metadata == zstd
+    small = str(tmp_path / "zstd.lance")
+    append_local(small, rows(0, named))
+    assert _data_bytes(small, lance.dataset(small).get_fragments()) < raw / 20
+    # A table written by Lance's defaults (before this setting): appended to, its
+    # schema unchanged, every row read back.
+    old = str(tmp_path / "old.lance")
+    lance.write_dataset(rows(0), old)
+    append_local(old, rows(300))
+    ds = lance.dataset(old)
+    assert ds.schema.field("image").metadata is None and len(ds.get_fragments()) == 2
+    table = ds.to_table()
+    assert sorted(table.column("id").to_pylist()) == list(range(600))
+    assert sorted(table.column("image").to_pylist()) == sorted(_pattern(i) for i in range(600))
+
+
 def test_a_pending_append_is_written_by_tasks_and_committed_here(spark, tmp_path):
     from pyspark.sql.pandas.types import to_arrow_schema
 

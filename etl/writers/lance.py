@@ -54,7 +54,7 @@ from pyspark.sql.types import StructType
 
 __all__ = [
     "LanceDataSource", "append_frame", "pending_append", "PendingAppend", "table_version",
-    "delete_rows", "deleted_per_fragment", "FRAGMENT_ID", "ROW_ADDRESS",
+    "delete_rows", "deleted_per_fragment", "FRAGMENT_ID", "ROW_ADDRESS", "stored_uncompressed",
 ]
 
 # Read option ``fragment_id``: adds this int column (the Lance fragment each row lives in),
@@ -175,18 +175,20 @@ class _LanceWriter(DataSourceArrowWriter):
 
         settle_imports()
         rows = 0
+        files = stored_uncompressed(self.schema)
 
         def batches():
             nonlocal rows
             for batch in iterator:
                 rows += batch.num_rows
                 batch = batch.cast(self.schema) if batch.schema != self.schema else batch
-                yield _rebuild_empty_lists(batch)
+                yield pa.RecordBatch.from_arrays(_rebuild_empty_lists(batch).columns,
+                                                 schema=files)
 
-        reader = pa.RecordBatchReader.from_batches(self.schema, batches())
+        reader = pa.RecordBatchReader.from_batches(files, batches())
         try:
             fragments = write_fragments(
-                reader, self.path, schema=self.schema, max_rows_per_file=self.max_rows_per_file
+                reader, self.path, schema=files, max_rows_per_file=self.max_rows_per_file
             )
         except OSError as exc:  # pylance names only the failed request: name the table
             raise OSError(f"could not write to the Lance table at {self.path}: {exc}") from None
@@ -203,7 +205,7 @@ class _LanceWriter(DataSourceArrowWriter):
         ]
         exists = _exists(self.path)
         if self.overwrite or not exists:
-            op = lance.LanceOperation.Overwrite(self.schema, fragments)
+            op = lance.LanceOperation.Overwrite(stored_uncompressed(self.schema), fragments)
         else:
             op = lance.LanceOperation.Append(fragments)
         read_version = table_version(self.path) if exists else None
@@ -294,6 +296,25 @@ def pending_append(path: str, given: pa.Schema, max_rows_per_file: int = 1024 * 
     """An append of rows of the `given` columns to the Lance table at `path` (created
     by the commit of a first write), written by Spark tasks."""
     return PendingAppend(_writer(path, given, False, max_rows_per_file))
+
+
+# Lance's per-column encoding setting (field metadata), read when a data file is written.
+_COMPRESSION = b"lance-encoding:compression"
+
+
+def stored_uncompressed(schema: pa.Schema) -> pa.Schema:
+    """`schema` with its binary columns -- image files: JPEG, PNG, WebP, already
+    compressed -- marked to be written without compression: what Lance's file format
+    2.2 does to binary values by default takes twice the CPU of the write and stores
+    JPEGs in the same bytes (docs/performance.md). A column that already says how to
+    compress keeps it; other columns are left to Lance's defaults."""
+    fields = []
+    for f in schema:
+        if (pa.types.is_binary(f.type) or pa.types.is_large_binary(f.type)) and (
+                _COMPRESSION not in (f.metadata or {})):
+            f = f.with_metadata({**(f.metadata or {}), _COMPRESSION: b"none"})
+        fields.append(f)
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 def _rebuild_empty_lists(batch: pa.RecordBatch) -> pa.RecordBatch:
