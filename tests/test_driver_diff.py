@@ -107,7 +107,7 @@ def _table_diff(spark, cfg, *, here: bool, monkeypatch):
         gone = sorted((r.sample_id, r.status) for r in removals.records.collect()) \
             if removals.records is not None else []
         return (curate_job.is_local(diff.listed),
-                {k: (v["n"], v["unchanged"], v["failures"] or 0)
+                {k: (v["n"], v["unchanged"], v["failures"])
                  for k, v in diff.stats.items()},
                 todo, gone, removals.scans, full)
 

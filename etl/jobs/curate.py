@@ -307,7 +307,8 @@ def _diff_sources(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff:
         r["source"]: r.asDict() for r in listed.groupBy("source").agg(
             F.count(F.lit(1)).alias("n"),
             F.sum(F.col("unchanged").cast("int")).alias("unchanged"),
-            F.sum(F.col("read_reason").isin(*CONTAINER_FAILURES).cast("int")).alias("failures"),
+            F.sum(F.coalesce(F.col("read_reason").isin(*CONTAINER_FAILURES), F.lit(False))
+                  .cast("int")).alias("failures"),  # 0, as the driver's count, when none
         ).collect()
     }
     return _Diff(manifest, refused, versions, skip, skipped, listed, stats,
