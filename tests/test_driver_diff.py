@@ -177,3 +177,12 @@ def test_a_url_list_compared_here_and_in_spark_agree(spark, tmp_path, monkeypatc
     assert here[1:] == in_spark[1:]
     assert here[1]["web"][2] == 1 and here[3] == []
     assert here[4] == {"web": "deferred: 1 record(s) of unreadable files/shards"}
+
+
+@pytest.mark.parametrize("new, cores, tasks", [
+    (0, 16, 1), (40, 2, 1), (600, 2, 2), (2000, 2, 4),  # one task per 512 records
+    (600, 16, 5), (1000, 16, 8), (2000, 16, 16),  # idle cores: tasks of >= 128 records
+    (10_000, 16, 20), (100, 64, 1),
+])
+def test_fetch_and_prepare_tasks_per_night(new, cores, tasks):
+    assert curate_job._tasks_for(new, cores) == tasks

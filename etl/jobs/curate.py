@@ -545,7 +545,8 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing()  # a night with nothing new
     refused = diff.refused
-    todo = _task_layout(mark_duplicate_keys(diff.listed.where(~F.col("unchanged"))), diff)
+    todo = _task_layout(mark_duplicate_keys(diff.listed.where(~F.col("unchanged"))), diff,
+                        spark.sparkContext.defaultParallelism)
     if refused is not None:
         todo = refuse_taken_down(todo, refused)  # by key and URL: nothing fetched
     # One Python worker per task fetches, hashes the source bytes, prepares and writes
@@ -637,17 +638,24 @@ def _outcome_and_fragments(staged: DataFrame) -> tuple[list[Row], tuple]:
 
 
 # New records per fetch + prepare task, each writing its own Lance fragment: a night of
-# a few hundred new records adds one fragment, however many partitions the listing has.
+# a few hundred new records adds one fragment, however many partitions the listing has
+# -- unless cores would sit idle: then tasks of at least _MIN_ROWS_PER_TASK records, one
+# per core (a 1,000-record night on 16 cores runs 8 tasks, not 2).
 _ROWS_PER_TASK = 512
+_MIN_ROWS_PER_TASK = 128
 
 
-def _task_layout(todo: DataFrame, diff: _Diff) -> DataFrame:
-    """`todo` in one partition per :data:`_ROWS_PER_TASK` new records, where the
-    listing has more partitions than that (merged, not shuffled)."""
+def _tasks_for(new: int, cores: int) -> int:
+    """How many fetch + prepare tasks `new` records get on `cores` task slots."""
+    return max(1, -(-new // _ROWS_PER_TASK), min(cores, -(-new // _MIN_ROWS_PER_TASK)))
+
+
+def _task_layout(todo: DataFrame, diff: _Diff, cores: int) -> DataFrame:
+    """`todo` in :func:`_tasks_for` partitions, where the listing has more partitions
+    than that (merged, not shuffled)."""
     if diff.on_driver:
         return todo
-    new = sum(st["n"] - st["unchanged"] for st in diff.stats.values())
-    tasks = max(1, -(-new // _ROWS_PER_TASK))
+    tasks = _tasks_for(sum(st["n"] - st["unchanged"] for st in diff.stats.values()), cores)
     return todo.coalesce(tasks) if tasks < todo.rdd.getNumPartitions() else todo
 
 
