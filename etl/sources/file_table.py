@@ -131,11 +131,12 @@ class TableSource(SourceAdapter):
         return listing_digest(expand_pattern(source.path, source.follow_symlinks))
 
     def check_inputs(self, source: SourceConfig) -> None:
-        if not is_pattern(source.path):  # a pattern is judged by what it matches
+        pattern = is_pattern(source.path)
+        if not pattern:  # a pattern is judged by what it matches
             require_exists(source)
         files = self._files(source)
         if not files:
-            holds = "matches" if is_pattern(source.path) else "holds"
+            holds = "matches" if pattern else "holds"
             raise ConfigError(
                 f"source {source.name!r}: path {source.path!r} {holds} no parquet, JSONL or "
                 "CSV file (field sources[].path; set `format:` for other extensions)"
@@ -166,40 +167,42 @@ class TableSource(SourceAdapter):
             # A small local table (a URL list): read here by the same function, handed
             # to Spark as local data -- no Spark job and no Python worker to list it.
             return spark.createDataFrame(_table_here(files, source), RAW_SCHEMA)
-        units = [f[:4] for f in files]  # what `run` reads of each file
+        units = [f[:4] for f in files]  # what `_read_unit` reads of each file
         return spark.createDataFrame(
             units, ", ".join(f"{n} string" for n in _UNIT_FIELDS)
         ).mapInArrow(functools.partial(_read_units, mapping=dict(source.columns),
                                        limits=RowLimits.of(source)), RAW_SCHEMA)
 
 
+def _read_unit(uri: str, fmt: str, problem: str | None, problem_detail: str | None,
+               mapping: dict[str, str], limits: RowLimits) -> Iterator[pa.RecordBatch]:
+    """The rows of one data file (a :data:`_UNIT_FIELDS` row), as RAW_SCHEMA batches."""
+    if problem is not None:  # never opened
+        # A file not read: its records are unknown, so (as for any unreadable file) the
+        # source removes nothing this run.
+        name = uri.rsplit("/", 1)[-1]
+        yield pa.RecordBatch.from_pylist(
+            [_reject(f"{name}#unreadable", uri, "unreadable_file",
+                     f"{problem}: {problem_detail}")], schema=RAW_ARROW_SCHEMA)
+        return
+    for rows in _read_file(uri, fmt, mapping, limits):
+        if rows:
+            yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
+
+
 def _read_units(batches: Iterator[pa.RecordBatch], mapping: dict[str, str],
                 limits: RowLimits) -> Iterator[pa.RecordBatch]:
-    """The rows of the data files a batch of :data:`_UNIT_FIELDS` rows names (a Spark
-    task's, or the driver's), as RAW_SCHEMA batches."""
+    """A Spark task's :func:`_read_unit` over the :data:`_UNIT_FIELDS` rows it is given."""
     for batch in batches:
         for unit in batch.to_pylist():
-            if unit["problem"] is not None:  # never opened
-                # A file not read: its records are unknown, so (as for any unreadable
-                # file) the source removes nothing this run.
-                name = unit["uri"].rsplit("/", 1)[-1]
-                yield pa.RecordBatch.from_pylist(
-                    [_reject(f"{name}#unreadable", unit["uri"], "unreadable_file",
-                             f"{unit['problem']}: {unit['problem_detail']}")],
-                    schema=RAW_ARROW_SCHEMA)
-                continue
-            for rows in _read_file(unit["uri"], unit["format"], mapping, limits):
-                if rows:
-                    yield pa.RecordBatch.from_pylist(rows, schema=RAW_ARROW_SCHEMA)
+            yield from _read_unit(*(unit[n] for n in _UNIT_FIELDS), mapping, limits)
 
 
 def _table_here(files: list[tuple], source: SourceConfig) -> pa.Table:
     """Every row of `files`, read in this process (RAW_SCHEMA, as Arrow)."""
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array([f[i] for f in files], pa.string()) for i in range(len(_UNIT_FIELDS))],
-        names=list(_UNIT_FIELDS))
+    mapping, limits = dict(source.columns), RowLimits.of(source)
     return pa.Table.from_batches(
-        list(_read_units(iter([batch]), dict(source.columns), RowLimits.of(source))),
+        [b for f in files for b in _read_unit(*f[:4], mapping, limits)],
         schema=RAW_ARROW_SCHEMA)
 
 
