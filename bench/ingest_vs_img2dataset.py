@@ -28,6 +28,12 @@ written (img2dataset's `successes`, lakeshard's `accepted`), or the bench fails.
     .venv/bin/python bench/ingest_vs_img2dataset.py               # 2,000 URLs, 2 rounds
     .venv/bin/python bench/ingest_vs_img2dataset.py --n 200 --rounds 1   # a quick look
     .venv/bin/python bench/ingest_vs_img2dataset.py --jobs   # + Spark jobs per curate step
+    .venv/bin/python bench/ingest_vs_img2dataset.py \
+        --variant spark.python.daemon.module=pyspark.daemon   # a setting against the default
+
+`--variant KEY=VALUE` (repeatable) adds a third side to every round, `lakeshard*`: the
+same run with those Spark settings, so that a setting is measured against the defaults
+in the same rounds.
 """
 
 from __future__ import annotations
@@ -187,13 +193,15 @@ def _job_steps(folder: Path) -> list[tuple[str, int, float]]:
     return [(desc, n, secs) for desc, (n, secs) in steps.items()]
 
 
-def run_lakeshard(urls: Path, work: Path, rnd: int, args) -> dict:
+def run_lakeshard(urls: Path, work: Path, rnd: int, args, spark_conf: dict | None = None,
+                  tag: str = "") -> dict:
     import yaml
 
-    root = work / f"lakeshard-{rnd}"
-    conf = work / f"lakeshard-{rnd}.yaml"
+    root = work / f"lakeshard{tag}-{rnd}"
+    conf = work / f"lakeshard{tag}-{rnd}.yaml"
     raw = lakeshard_config(urls, root, args)
-    events_dir = work / f"eventlog-{rnd}"
+    raw["spark"]["conf"].update(spark_conf or {})
+    events_dir = work / f"eventlog{tag}-{rnd}"
     if args.jobs:
         shutil.rmtree(events_dir, ignore_errors=True)
         events_dir.mkdir(parents=True)
@@ -203,7 +211,7 @@ def run_lakeshard(urls: Path, work: Path, rnd: int, args) -> dict:
                                      "spark.eventLog.rolling.enabled": "false"})
     conf.write_text(yaml.safe_dump(raw))
     t0 = time.monotonic()
-    with open(work / f"lakeshard-{rnd}.log", "wb") as log:
+    with open(work / f"lakeshard{tag}-{rnd}.log", "wb") as log:
         subprocess.run([str(REPO / ".venv" / "bin" / "lakeshard"), "--conf", str(conf), "run",
                         "--only", "curate"], check=True, stdout=log, stderr=log, cwd=work)
     wall = time.monotonic() - t0
@@ -214,7 +222,7 @@ def run_lakeshard(urls: Path, work: Path, rnd: int, args) -> dict:
     accepted = summary["curate"]["curated_rows"]  # a new root: every curated row is new
     shutil.rmtree(root, ignore_errors=True)
     if args.jobs:
-        print(f"       Spark jobs of lakeshard round {rnd + 1}, by step:")
+        print(f"       Spark jobs of lakeshard{'*' if tag else ''} round {rnd + 1}, by step:")
         for desc, n, secs in _job_steps(events_dir):
             print(f"         {secs:>6.1f} s {n:>3} jobs  {desc[:90]}")
     return {"wall": wall, "stage": end["seconds"], "images": accepted}
@@ -239,8 +247,16 @@ def main() -> None:
     ap.add_argument("--jobs", action="store_true",
                     help="also print lakeshard's Spark jobs per curate step (event log)")
     ap.add_argument("--work", default=None, help="folder for photos and outputs (temp)")
+    ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                    help="a Spark setting for a third side, lakeshard*, in every round")
     args = ap.parse_args()
     args.processes = args.processes or args.cores
+    variant = {}
+    for item in args.variant:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            ap.error(f"--variant {item!r}: expected KEY=VALUE")
+        variant[key.strip()] = value
 
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -263,14 +279,20 @@ def main() -> None:
                                  "caption": [f"photo {n[:-4]}" for n in names]}), urls)
         print(f"server: {server.kind} on 127.0.0.1:{server.port}; {os.cpu_count()} cores; "
               f"img2dataset {args.processes} x {args.threads}; lakeshard local[{args.cores}]"
-              f", fetch.per_host {args.per_host}; load {_load()} at the start\n")
+              f", fetch.per_host {args.per_host}; load {_load()} at the start")
+        if variant:
+            settings = ", ".join(f"{k}={v}" for k, v in variant.items())
+            print(f"lakeshard* = lakeshard with {settings}")
+        print()
         print(f"{'round':<6} {'side':<12} {'stage s':>8} {'command s':>9} {'images':>7} "
               f"{'images/s (stage)':>17}")
-        results: dict[str, list[dict]] = {"img2dataset": [], "lakeshard": []}
+        sides = ("img2dataset", "lakeshard", *(("lakeshard*",) if variant else ()))
+        results: dict[str, list[dict]] = {side: [] for side in sides}
         for rnd in range(args.rounds):
-            for side in ("img2dataset", "lakeshard"):
+            for side in sides:
                 r = (run_img2dataset(exe, urls, work / "i2d-out", args) if side == "img2dataset"
-                     else run_lakeshard(urls, work, rnd, args))
+                     else run_lakeshard(urls, work, rnd, args) if side == "lakeshard"
+                     else run_lakeshard(urls, work, rnd, args, variant, tag="-variant"))
                 if r["images"] != args.n:
                     raise SystemExit(f"{side} wrote {r['images']} of {args.n} images")
                 results[side].append(r)
@@ -286,6 +308,11 @@ def main() -> None:
           f"load {_load()} at the end")
     print(f"lakeshard / img2dataset: {ls / i2d:.2f} (curate stage), "
           f"{ls_cmd / i2d:.2f} (whole command)")
+    if variant:
+        other = best["lakeshard*"]
+        print(f"lakeshard* / img2dataset: {args.n / other['stage'] / i2d:.2f} (curate stage), "
+              f"{args.n / other['wall'] / i2d:.2f} (whole command); best stage "
+              f"{other['stage']:.1f} s against lakeshard's {best['lakeshard']['stage']:.1f} s")
 
 
 if __name__ == "__main__":

@@ -147,6 +147,10 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         # and MERGE of the small rejects/manifest/ledger tables, ~all overhead on one
         # machine. A cluster keeps Delta's default (or sets its own in spark.conf).
         conf["spark.databricks.delta.snapshotPartitions"] = "4"
+        # The executors are this interpreter: its Python daemon imports what every task
+        # needs once, before it forks the workers (etl/runtime/worker_daemon.py). A
+        # cluster whose executors have lakeshard installed may set it in spark.conf.
+        conf["spark.python.daemon.module"] = "etl.runtime.worker_daemon"
     use_storage(cfg.storage)
     jars = _jar_paths(cfg)
     if jars:
