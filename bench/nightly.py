@@ -171,9 +171,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _spark_startup(conf: Path) -> float:
-    """Seconds for a fresh process to import lakeshard and start its Spark session."""
+    """Seconds for a fresh process to import lakeshard and start its Spark session as a
+    run does (format ``lance`` not registered yet), and run one job."""
     code = ("import sys, time; t = time.monotonic(); from etl.config import load_config; "
-            "from etl.session import get_spark; s = get_spark(load_config(sys.argv[1])); "
+            "from etl.session import get_spark; "
+            "s = get_spark(load_config(sys.argv[1]), lance_format=False); "
             "s.range(1).count(); print(time.monotonic() - t)")
     out = subprocess.run([sys.executable, "-c", code, str(conf)], check=True, cwd=REPO,
                          capture_output=True, text=True)

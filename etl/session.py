@@ -3,7 +3,9 @@
 Delta comes in through its JARs (``spark.jars`` from the folder ``make jars`` fills)
 and its SQL extension and catalog; Lance through the Python data source
 :class:`etl.writers.lance.LanceDataSource`, registered as format ``lance`` (SQL views
-over the tables: :mod:`etl.lakehouse.views`).
+over the tables: :mod:`etl.lakehouse.views`) -- in a pipeline run's session only when
+lakeshard first reads a table through it (``lance_format=False``: the registration makes
+Spark start a Python process, which a night that reads nothing through Spark skips).
 
 Object storage: when the root or a source is on ``s3://``/``s3a://`` and lakeshard
 supplies Spark's JARs, it adds the Hadoop S3A connector (``<jars_dir>/s3a``, filled by
@@ -201,14 +203,17 @@ def check_spark_version(version: str) -> None:
             f"{supported} (docs/operations.md, \"Platforms\")")
 
 
-def get_spark(cfg: Config, *, archive_classes: bool = False) -> SparkSession:
+def get_spark(cfg: Config, *, archive_classes: bool = False,
+              lance_format: bool = True) -> SparkSession:
     """Build (or return the running) SparkSession for `cfg`. `archive_classes`: a
     driver JVM this process starts may write the class archive (etl/runtime/jvm.py;
-    pipeline runs do)."""
+    pipeline runs do). `lance_format`: register format ``lance`` now, for code that
+    names the format itself (notebooks, `lakeshard sql`); without it,
+    :func:`etl.writers.lance.lance_reader` registers it on first use."""
     import pyspark
 
     check_spark_version(pyspark.__version__)
-    from etl.writers.lance import LanceDataSource
+    from etl.writers.lance import register_lance
 
     if cfg.spark.master.startswith("local"):
         _check_java()
@@ -231,5 +236,6 @@ def get_spark(cfg: Config, *, archive_classes: bool = False) -> SparkSession:
     if jvm is not None:
         jvm.publish_at_exit(spark)
     spark.sparkContext.setLogLevel("WARN")
-    spark.dataSource.register(LanceDataSource)
+    if lance_format:
+        register_lance(spark)
     return spark

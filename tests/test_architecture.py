@@ -61,3 +61,20 @@ def test_parsing_config_imports_neither_spark_nor_any_other_layer():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          cwd=REPO, check=True).stdout.strip()
     assert out == "[]"
+
+
+def test_lakeshard_reads_lance_through_spark_only_by_lance_reader():
+    """A pipeline run's session registers format ``lance`` on first use
+    (`etl.writers.lance.lance_reader`): a plain ``format("lance")`` in lakeshard's own
+    code would fail there on a night that had not read a Lance table before it."""
+    import re
+
+    plain = re.compile(r"""\.format\(\s*["']lance["']\s*\)|USING\s+lance\b""", re.I)
+    offenders = []
+    for path in sorted([*(REPO / "etl").rglob("*.py"), *(REPO / "udfs").rglob("*.py")]):
+        if path == REPO / "etl" / "writers" / "lance.py":
+            continue  # defines lance_reader; its docstrings show plain usage
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if plain.search(line):
+                offenders.append(f"{path.relative_to(REPO)}:{n}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

@@ -275,3 +275,38 @@ def test_append_frame_writes_in_tasks_and_commits_here(spark, tmp_path):
     with pytest.raises(Exception, match="boom"):
         append_frame(bad, path)
     assert (lance.dataset(path).version, lance.dataset(path).count_rows()) == (2, 25)
+
+
+
+def test_a_pipeline_session_registers_format_lance_on_its_first_read(tmp_path):
+    """`get_spark(..., lance_format=False)` (a pipeline run's session) leaves format
+    ``lance`` unregistered -- registering makes Spark start a Python process -- until
+    the first `lance_reader`; then plain ``format("lance")`` works too. A fresh process:
+    the shared test session has it registered already."""
+    import subprocess
+    import sys
+
+    from support import REPO
+
+    path = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"sample_id": ["a", "b", "c"], "width": [1, 2, 3]}), path)
+    script = f"""
+import sys
+sys.path.insert(0, {str(REPO / "tests")!r})
+from support import make_config
+from etl.session import get_spark
+from etl.writers.lance import lance_reader
+spark = get_spark(make_config({str(tmp_path)!r}), lance_format=False)
+manager = spark._jsparkSession.sessionState().dataSourceManager()
+print("before", manager.dataSourceExists("lance"))
+print("read", lance_reader(spark).load({path!r}).count())
+print("after", manager.dataSourceExists("lance"))
+print("plain", spark.read.format("lance").option("columns", "width").load({path!r}).count())
+print("again", lance_reader(spark).load({path!r}).count())
+"""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         cwd=REPO, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.split(" ")[0] in
+             ("before", "read", "after", "plain", "again")]
+    assert lines == ["before False", "read 3", "after True", "plain 3", "again 3"]

@@ -31,7 +31,7 @@ from etl.errors import ConfigError
 from etl.runtime.options import flag, positive
 from etl.runtime.stage import Metrics, RowTally, RunContext, StageResult
 from etl.tiny_vlm import TINY_MODEL, ensure_tiny_vlm
-from etl.writers.lance import FRAGMENT_ID, ROW_ADDRESS
+from etl.writers.lance import FRAGMENT_ID, ROW_ADDRESS, lance_reader
 from etl.writers.lance_columns import write_columns
 from etl.writers.remote import write_file
 from udfs.caption import CaptionSpec, caption_mapper, output_schema
@@ -296,7 +296,7 @@ def _rows_to_caption(spark: SparkSession, plan: CaptionPlan, limit: int | None):
     takes its image bytes from Lance itself); the first `limit`, spread over the
     version's partitions if it sets them."""
     reader = (
-        spark.read.format("lance")
+        lance_reader(spark)
         .option("version", str(plan.table_version))
         .option("columns", "sample_id")
         .option("row_address", "true")

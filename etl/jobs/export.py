@@ -35,7 +35,7 @@ from etl.transforms.export import (
     ids_fingerprint_here,
     latent_export_columns,
 )
-from etl.writers.lance import ROW_ADDRESS, read_local_table
+from etl.writers.lance import ROW_ADDRESS, lance_reader, read_local_table
 from etl.writers.mds import (
     BlobSource,
     ExportResult,
@@ -147,7 +147,7 @@ def _read_curated(spark: SparkSession, curated_path: str, version: int, columns:
                                          row_address=True)
         return _Curated(spark.createDataFrame(table, schema).persist(
             StorageLevel.MEMORY_AND_DISK), table)
-    reader = (spark.read.format("lance").option("version", str(version))
+    reader = (lance_reader(spark).option("version", str(version))
               .option("columns", ",".join(columns)).option("row_address", "true"))
     if where:
         reader = reader.option("filter", where)

@@ -64,6 +64,7 @@ from etl.writers.delta import (
     merge_accounting,
     record_takedowns,
 )
+from etl.writers.lance import lance_reader
 from etl.writers.mds import read_manifest
 
 __all__ = [
@@ -268,7 +269,7 @@ def _rows(spark: SparkSession, request: TakedownRequest, request_id: str, run_id
 def _curated_hashes(spark: SparkSession, path: str) -> DataFrame | None:
     if not storage.lance_exists(path):
         return None
-    return (spark.read.format("lance").option("columns", "sample_id,source,image_sha256")
+    return (lance_reader(spark).option("columns", "sample_id,source,image_sha256")
             .load(path))
 
 

@@ -38,7 +38,7 @@ from etl.config import Config, LatentEncoderConfig
 from etl.errors import ConfigError
 from etl.runtime.options import flag
 from etl.runtime.stage import RunContext, StageResult
-from etl.writers.lance import FRAGMENT_ID
+from etl.writers.lance import FRAGMENT_ID, lance_reader
 from etl.writers.lance_columns import drop_columns, ensure_columns, write_columns
 from udfs.latents import (
     STORAGE_BYTES,
@@ -240,7 +240,7 @@ def _encode(spark: SparkSession, path: str, name: str, enc: LatentEncoderConfig,
 
     todo = " OR ".join(f"{latent_columns(cap, name).latent} IS NULL" for cap in captions)
     rows = (
-        spark.read.format("lance")
+        lance_reader(spark)
         .option("columns", ",".join(["sample_id", *captions]))
         .option("fragment_id", "true")
         .option("filter", todo)

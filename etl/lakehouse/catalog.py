@@ -51,6 +51,7 @@ from etl.writers.lance import (
     append_frame,
     append_local,
     delete_rows,
+    lance_reader,
     pending_append,
 )
 
@@ -236,7 +237,7 @@ class Curated:
 
     def present(self, spark: SparkSession, ids: DataFrame) -> list[str]:
         """The ``sample_id`` s of `ids` the table holds (a Spark join)."""
-        existing = spark.read.format("lance").option("columns", "sample_id").load(self.path)
+        existing = lance_reader(spark).option("columns", "sample_id").load(self.path)
         return [r.sample_id for r in existing.join(ids.select("sample_id"), "sample_id",
                                                    "left_semi").collect()]
 

@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 
 from etl.config import DedupConfig
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, lsh_masks
+from etl.writers.lance import lance_reader
 
 __all__ = [
     "deleted_rows",
@@ -211,7 +212,7 @@ def curated_rows(spark: SparkSession, path: str, now, version: int, ids: list[st
 
         return now.to_table(columns=columns, filter=pc.field("sample_id").isin(ids)) \
             .cast(schema).to_pylist()
-    rows = (spark.read.format("lance").option("version", str(version))
+    rows = (lance_reader(spark).option("version", str(version))
             .option("columns", ",".join(columns)).load(path))
     return _semi(rows, spark, "sample_id", ids).select(*columns).toArrow().cast(schema) \
         .to_pylist()

@@ -48,6 +48,7 @@ from etl.writers.delta import (
     read_columns,
     set_properties,
 )
+from etl.writers.lance import lance_reader
 
 __all__ = [
     "DEDUP_PARAMS",
@@ -238,7 +239,7 @@ class DedupTable:
         covered = int(state.get(DEDUP_CURATED_VERSION, -1))
         if self.covers_rows(covered, curated_version):
             return DedupCoverage(covered, curated_version, 0, 0)
-        curated = (self.spark.read.format("lance").option("version", str(curated_version))
+        curated = (lance_reader(self.spark).option("version", str(curated_version))
                    .option("columns", "sample_id,image_sha256").load(self.curated_path)
                    .select("sample_id", F.col("image_sha256").alias("_now")))
         known = self.read().select("sample_id", F.col("image_sha256").alias("_then"))
@@ -370,7 +371,7 @@ class DedupTable:
         return [s.name for s in self.cfg.sources]
 
     def _curated_rows(self, version: int) -> DataFrame:
-        return (self.spark.read.format("lance").option("version", str(version))
+        return (lance_reader(self.spark).option("version", str(version))
                 .option("columns", ",".join(ROW_COLUMNS)).load(self.curated_path))
 
     def _up_to_date(self, state: dict | None, version: int) -> DedupResult | None:

@@ -30,7 +30,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from etl.config import ConfigError, EmbeddingConfig
-from etl.writers.lance import FRAGMENT_ID
+from etl.writers.lance import FRAGMENT_ID, lance_reader
 
 __all__ = [
     "DIM",
@@ -157,7 +157,7 @@ def embed_captions(
     if only_missing:
         predicate += f" AND {cfg.column} IS NULL"
     rows = (
-        spark.read.format("lance")
+        lance_reader(spark)
         .option("columns", f"sample_id,{cfg.text_column}")
         .option("fragment_id", "true")
         .option("version", str(version))

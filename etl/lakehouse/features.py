@@ -24,7 +24,7 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 
 from etl.config import ConfigError
-from etl.writers.lance import FRAGMENT_ID
+from etl.writers.lance import FRAGMENT_ID, lance_reader
 
 __all__ = [
     "Feature",
@@ -153,7 +153,7 @@ def add_features(
     before_files = _data_files(ds)
     table_bytes = data_bytes(path)
     reader = (
-        spark.read.format("lance")
+        lance_reader(spark)
         .option("columns", ",".join(dict.fromkeys(("sample_id", *inputs))))
         .option("fragment_id", "true")
         .option("version", str(ds.version))

@@ -25,6 +25,7 @@ from pyspark.sql import functions as F
 
 from etl import ledger, storage, tables
 from etl.config import Config
+from etl.writers.lance import lance_reader
 from etl.writers.remote import filesystem
 
 __all__ = ["meta_columns", "register_views", "register_dedup_views", "register_ledger_views"]
@@ -57,10 +58,10 @@ def register_views(spark: SparkSession, cfg: Config) -> list[str]:
 
     names = []
     for name, path in _lance_tables(cfg):
-        spark.read.format("lance").load(path).createOrReplaceTempView(name)
+        lance_reader(spark).load(path).createOrReplaceTempView(name)
         cols = meta_columns(lance.dataset(path).schema)
         (
-            spark.read.format("lance").option("columns", ",".join(cols)).load(path)
+            lance_reader(spark).option("columns", ",".join(cols)).load(path)
             .createOrReplaceTempView(f"{name}_meta")
         )
         versions = [
@@ -114,7 +115,7 @@ def register_dedup_views(spark: SparkSession, cfg: Config) -> list[str]:
     curated_path = tables.layout(cfg).curated
     if not storage.lance_exists(curated_path):
         return names
-    curated = spark.read.format("lance").load(curated_path)
+    curated = lance_reader(spark).load(curated_path)
     dup_cols = table.select("sample_id", "dup_cluster_id", "is_canonical", "dup_kind",
                             "cluster_size")
     curated.join(dup_cols, "sample_id", "left").createOrReplaceTempView("curated")

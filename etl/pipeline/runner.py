@@ -325,7 +325,9 @@ def _start_spark(cfg: Config, out: RunOutcome):
     from etl.session import get_spark
 
     fault_point("run:locked")
-    spark = get_spark(cfg, archive_classes=True)
+    # Format lance is registered when a stage first reads a Lance table through Spark
+    # (etl.writers.lance.lance_reader): a no-op night never does.
+    spark = get_spark(cfg, archive_classes=True, lance_format=False)
     sc = spark.sparkContext
     _forward_to_workers(sc)
     if console_mode().spark_log_level:

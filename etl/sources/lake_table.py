@@ -35,6 +35,7 @@ from etl.sources.file_table import (
     validate_table_mapping,
 )
 from etl.sources.records import MISSING, RAW_ARROW_SCHEMA, RAW_SCHEMA, lookup
+from etl.writers.lance import lance_reader
 
 __all__ = ["DeltaSource", "LanceSource", "delta_columns", "source_keys"]
 
@@ -214,7 +215,7 @@ class LanceSource(_ExistingTable):
 
     def _load(self, spark: SparkSession, source: SourceConfig, version: int | None
               ) -> DataFrame:
-        reader = spark.read.format("lance")
+        reader = lance_reader(spark)
         if version is not None:
             reader = reader.option("version", str(version))
         return reader.load(source.path)

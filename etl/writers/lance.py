@@ -20,7 +20,9 @@ later query on the same DataFrame that pushes nothing, returning rows filtered b
 earlier query's predicate (docs/development.md, "Known issues"). Without it Spark
 evaluates every ``where`` itself, so results are always right.
 
-Usage::
+The format is registered in a session by :func:`register_lance` (``get_spark`` does it
+for sessions others use; a pipeline run's session registers it when lakeshard first
+reads a Lance table through Spark, :func:`lance_reader`). Usage::
 
     df.write.format("lance").mode("overwrite").save(path)
     spark.read.format("lance").option("columns", "sample_id,width").load(path)
@@ -39,6 +41,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -53,7 +57,8 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 __all__ = [
-    "LanceDataSource", "append_frame", "pending_append", "PendingAppend", "table_version",
+    "LanceDataSource", "register_lance", "lance_reader", "append_frame", "pending_append",
+    "PendingAppend", "table_version",
     "delete_rows", "deleted_per_fragment", "FRAGMENT_ID", "ROW_ADDRESS", "stored_uncompressed",
 ]
 
@@ -445,3 +450,27 @@ def deleted_per_fragment(path: str) -> dict[int, int]:
                         if f.metadata.deletion_file is not None else 0)
         for f in _dataset(path).get_fragments()
     }
+
+
+# Sessions ``lance`` is registered in. Registering is not free: a session's first
+# registration of a Python data source (or its first lookup of any format) makes Spark
+# start a Python process to look for installed data sources (~0.7 s in a cold process,
+# measured), which a night that reads no table through Spark need not pay.
+_REGISTERED: weakref.WeakSet = weakref.WeakSet()
+_REGISTERING = threading.Lock()
+
+
+def register_lance(spark) -> None:
+    """Register :class:`LanceDataSource` as format ``lance`` in `spark`, once."""
+    with _REGISTERING:
+        if spark not in _REGISTERED:
+            spark.dataSource.register(LanceDataSource)
+            _REGISTERED.add(spark)
+
+
+def lance_reader(spark):
+    """``spark.read.format("lance")``, the format registered first: how lakeshard's own
+    code reads a Lance table through Spark."""
+    register_lance(spark)
+    return spark.read.format("lance")
+

@@ -31,7 +31,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from etl.writers.lance import FRAGMENT_ID, _rebuild_empty_lists
+from etl.writers.lance import FRAGMENT_ID, _rebuild_empty_lists, lance_reader
 
 __all__ = ["ColumnWrite", "ensure_columns", "write_columns", "drop_columns"]
 
@@ -155,7 +155,7 @@ def write_columns(
     total = df.count() if FRAGMENT_ID not in df.columns else None
     if FRAGMENT_ID not in df.columns:
         ids = (
-            spark.read.format("lance")
+            lance_reader(spark)
             .option("columns", key)
             .option("fragment_id", "true")
             .option("version", str(version))
