@@ -286,13 +286,18 @@ def main() -> None:
         print()
         print(f"{'round':<6} {'side':<12} {'stage s':>8} {'command s':>9} {'images':>7} "
               f"{'images/s (stage)':>17}")
-        sides = ("img2dataset", "lakeshard", *(("lakeshard*",) if variant else ()))
+        # lakeshard's sides: their Spark settings over the defaults, and a file-name tag.
+        lakeshards = {"lakeshard": ({}, ""), **({"lakeshard*": (variant, "-variant")}
+                                                if variant else {})}
+        sides = ("img2dataset", *lakeshards)
         results: dict[str, list[dict]] = {side: [] for side in sides}
         for rnd in range(args.rounds):
             for side in sides:
-                r = (run_img2dataset(exe, urls, work / "i2d-out", args) if side == "img2dataset"
-                     else run_lakeshard(urls, work, rnd, args) if side == "lakeshard"
-                     else run_lakeshard(urls, work, rnd, args, variant, tag="-variant"))
+                if side == "img2dataset":
+                    r = run_img2dataset(exe, urls, work / "i2d-out", args)
+                else:
+                    settings, tag = lakeshards[side]
+                    r = run_lakeshard(urls, work, rnd, args, settings, tag)
                 if r["images"] != args.n:
                     raise SystemExit(f"{side} wrote {r['images']} of {args.n} images")
                 results[side].append(r)

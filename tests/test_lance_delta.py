@@ -277,7 +277,6 @@ def test_append_frame_writes_in_tasks_and_commits_here(spark, tmp_path):
     assert (lance.dataset(path).version, lance.dataset(path).count_rows()) == (2, 25)
 
 
-
 def test_a_pipeline_session_registers_format_lance_on_its_first_read(tmp_path):
     """`get_spark(..., lance_format=False)` (a pipeline run's session) leaves format
     ``lance`` unregistered -- registering makes Spark start a Python process -- until

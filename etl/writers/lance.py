@@ -473,4 +473,3 @@ def lance_reader(spark):
     code reads a Lance table through Spark."""
     register_lance(spark)
     return spark.read.format("lance")
-
