@@ -163,3 +163,36 @@ def test_outcome_counts_and_the_tasks_fragments_in_one_job(spark):
                                   WRITTEN: F.lit(None).cast("array<string>")})
     with pytest.raises(RuntimeError, match="2 row"):
         _outcome_and_fragments(wrong)  # id2 accepted, not written; id3 the reverse
+
+
+def test_up_to_the_driver_bound_the_tasks_rows_come_back_in_their_own_job(spark):
+    """Curate's fetch + prepare of a night within ``DRIVER_IDS`` new records: the rows
+    come back to the driver in the one job that made them, and the outcome counts, the
+    tasks' fragments and the ``_written`` check are computed here, as the Spark
+    aggregate above computes them; the rows the later steps read are local data."""
+    from etl.jobs.curate import _collected
+    from etl.runtime.local import is_local
+    from etl.transforms.prepare_task import FLAG, WRITTEN
+
+    prepared = _prepared(spark)
+    ok = F.col("status") == "ok"
+    lists = F.when(F.col("sample_id") == "id1", F.array(F.lit("f1"), F.lit("f2"))) \
+        .when(F.col("sample_id") == "id4", F.array(F.lit("f3")))
+    staged = prepared.withColumns({FLAG: ok, WRITTEN: lists})
+    got = _collected(spark, staged, written=object(), budget=5, on_driver=False)
+    assert sorted(map(tuple, got.outcome_rows), key=str) == sorted(
+        map(tuple, outcome_counts(prepared).collect()), key=str)
+    assert sorted(got.fragments) == [["f1", "f2"], ["f3"]]
+    assert is_local(got.rows) and got.cached is None
+    assert got.rows.schema == prepared.schema
+    assert sorted(map(tuple, got.rows.collect()), key=str) == sorted(
+        map(tuple, prepared.collect()), key=str)
+    wrong = prepared.withColumns({FLAG: F.col("sample_id").isin("id1", "id3"),
+                                  WRITTEN: F.lit(None).cast("array<string>")})
+    with pytest.raises(RuntimeError, match="2 row"):
+        _collected(spark, wrong, written=object(), budget=5, on_driver=False)
+    # Without a sink (the driver's few, behind a takedown join): the same counts.
+    plain = _collected(spark, prepared, written=None, budget=5, on_driver=True)
+    assert sorted(map(tuple, plain.outcome_rows), key=str) == sorted(
+        map(tuple, outcome_counts(prepared).collect()), key=str)
+    assert plain.fragments == () and plain.on_driver

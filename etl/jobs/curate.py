@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from functools import reduce
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
@@ -35,7 +36,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl import storage, tables
 from etl.config import Config, SourceConfig
-from etl.lakehouse.catalog import Catalog
+from etl.lakehouse.catalog import DRIVER_IDS, Catalog
 from etl.lakehouse.derived import DerivedState
 from etl.lakehouse.maintenance import (
     PurgeResult,
@@ -83,6 +84,7 @@ from etl.transforms.prepare import (
     failure_examples,
     fetch_and_prepare,
     outcome_counts,
+    outcome_counts_arrow,
     outcome_counts_here,
     prepared_outcomes,
     rejected_rows,
@@ -582,6 +584,8 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
         outcome_rows = outcome_counts_here(prepared)
         return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
                          on_driver=True)
+    if _new_records(diff) <= DRIVER_IDS:
+        return _collected(spark, prepared, written, budget, on_driver=diff.on_driver)
     prepared = cached = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     fragments: tuple = ()
     if written is None:
@@ -615,6 +619,49 @@ def _row_sink(spark: SparkSession, written: PendingAppend, refused: DataFrame | 
                    T.TimestampType().toInternal(now), hashes)
 
 
+def _new_records(diff: _Diff) -> int:
+    return sum(st["n"] - st["unchanged"] for st in diff.stats.values())
+
+
+def _collected(spark: SparkSession, prepared: DataFrame, written: PendingAppend | None,
+               budget: int, *, on_driver: bool) -> _Prepared:
+    """Step "fetch and prepare" for up to :data:`DRIVER_IDS` new records: the tasks'
+    rows (without their images: those are written, or in ``prepared.image`` on the
+    driver's few) come back to the driver in the job that fetches and prepares them, and
+    the later steps read them as local data -- no persisted frame, no Spark job for the
+    outcome counts, the rejects or the manifest rows."""
+    table = prepared.toArrow()
+    fragments: tuple = ()
+    if written is not None:
+        fragments = _written_fragments(table)
+        table = table.drop_columns([FLAG, WRITTEN])
+        prepared = prepared.drop(FLAG, WRITTEN)
+    rows = spark.createDataFrame(table, prepared.schema)
+    outcome_rows = outcome_counts_arrow(table)
+    return _Prepared(rows, outcome_rows, failure_examples(outcome_rows, budget),
+                     on_driver=on_driver, written=written, fragments=fragments)
+
+
+def _written_fragments(table: pa.Table) -> tuple:
+    """What the tasks wrote (one list per task), from the collected rows' ``_written`` and
+    ``_sink_written``; fails the stage where a row's ``_written`` and final status
+    disagree (:func:`_outcome_and_fragments`)."""
+    ok = pc.equal(table.column("status"), "ok")
+    flag = table.column(FLAG)
+    agree = pc.if_else(pc.and_(pc.is_null(flag), pc.is_null(ok)), True,
+                       pc.fill_null(pc.equal(flag, ok), False))
+    _check_written(len(table) - pc.sum(agree).as_py() if len(table) else 0)
+    return tuple(w for w in table.column(WRITTEN).to_pylist() if w is not None)
+
+
+def _check_written(disagree: int) -> None:
+    if disagree:
+        raise RuntimeError(
+            f"curate: {disagree} row(s) were written to Lance by the fetch + prepare "
+            "tasks but are not accepted, or accepted but not written: the tasks' acceptance "
+            "and the outcome columns disagree (nothing is committed)")
+
+
 def _outcome_and_fragments(staged: DataFrame) -> tuple[list[Row], tuple]:
     """The outcome counts (as :func:`outcome_counts` collects them) and what the tasks
     wrote (one list per task), in one job once the persisted rows are computed; fails
@@ -626,12 +673,7 @@ def _outcome_and_fragments(staged: DataFrame) -> tuple[list[Row], tuple]:
         F.sum(F.when(~F.col(FLAG).eqNullSafe(F.col("status") == "ok"), 1).otherwise(0))
         .alias("_disagree"),
     ).collect()
-    disagree = sum(g["_disagree"] for g in groups)
-    if disagree:
-        raise RuntimeError(
-            f"curate: {disagree} row(s) were written to Lance by the fetch + prepare "
-            "tasks but are not accepted, or accepted but not written: the tasks' acceptance "
-            "and the outcome columns disagree (nothing is committed)")
+    _check_written(sum(g["_disagree"] for g in groups))
     names = [n for n in groups[0].__fields__ if not n.startswith("_")] if groups else []
     return ([Row(**{n: g[n] for n in names}) for g in groups],
             tuple(list(w) for g in groups for w in g["_written_lists"]))
@@ -657,7 +699,7 @@ def _task_layout(todo: DataFrame, diff: _Diff, cores: int) -> DataFrame:
     if diff.on_driver:
         return todo
     return todo.coalesce(
-        _tasks_for(sum(st["n"] - st["unchanged"] for st in diff.stats.values()), cores))
+        _tasks_for(_new_records(diff), cores))
 
 
 def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep: _Prepared,
