@@ -67,6 +67,23 @@ def test_local_data_comes_back_as_toarrow_gives_it_without_a_job(spark):
         time.tzset()
 
 
+def test_larger_local_data_comes_back_by_toarrows_job(spark, monkeypatch):
+    """Past LOCAL_COLLECT_ROWS rows, handing local data to Python row by row costs more
+    than toArrow's job: the same table then comes back by that job."""
+    import etl.runtime.local as local
+
+    frame = spark.createDataFrame(pa.table({"n": pa.array(range(40), pa.int64())})) \
+        .where(F.col("n") % 2 == 0).select((F.col("n") * 3).alias("m"))
+    assert is_local(frame)
+    assert local._local_rows(frame) == 20
+    small, jobs = _jobs(spark, "local-20", lambda: local_arrow(frame))
+    assert jobs == 0
+    monkeypatch.setattr(local, "LOCAL_COLLECT_ROWS", 19)
+    large, jobs = _jobs(spark, "local-20-over", lambda: local_arrow(frame))
+    assert jobs > 0
+    assert large.equals(small) and small.column("m").to_pylist() == list(range(0, 120, 6))
+
+
 def test_python_rows_become_local_data_that_spark_folds(spark):
     """Rows handed over as Arrow: the same rows as ``createDataFrame`` of the list, and
     projections of them are local data (no job), where the list's frame is an RDD."""
