@@ -1,13 +1,18 @@
 """Benchmark: the image-preparation stage in local Spark vs a bare multiprocess loop.
 
-Both sides decode and re-encode the same images as JPEG q92 with the same library
+Every side decodes and re-encodes the same images as JPEG q92 with the same library
 (Pillow's libjpeg-turbo) on the same number of cores, in one run:
 
 * bare   -- multiprocessing.Pool(cores) over the image bytes: open, convert to RGB,
             save JPEG q92. Nothing else: the libjpeg-turbo ceiling on this machine.
-* stage  -- lakeshard's prepare stage: parquet of image bytes -> Spark -> the pandas
-            UDF curate runs (fetch -- nothing to fetch here --, decode, orientation,
-            colour, JPEG, sha256 of source and JPEG, dHash, flags) -> noop sink.
+* stage  -- lakeshard's prepare stage: parquet of image bytes -> Spark -> the batch
+            function curate's tasks run (fetch -- nothing to fetch here --, decode,
+            orientation, colour, JPEG, sha256 of source and JPEG, dHash, flags), the
+            accepted rows handed to a row sink in the task, as curate's tasks write
+            theirs to Lance (this sink keeps none: the JPEGs stay in the worker) ->
+            Spark's noop sink for the rows' outcomes.
+* jvm    -- the same without the row sink: the JPEGs go back to the JVM (as curate's
+            did before its tasks wrote the rows), at the default prepare.threads.
 * loop   -- lakeshard's prepare_image in the same Pool, to separate the cost of the
             extra per-image work from the cost of Spark.
 
@@ -37,6 +42,8 @@ import time
 from importlib import resources
 from multiprocessing import Pool
 from pathlib import Path
+
+import pyarrow as pa
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -87,6 +94,20 @@ def full(data: bytes) -> int:
     return out.width * out.height
 
 
+# The side that sends the JPEGs back to the JVM, and the columns the other sides hand to
+# their sink (a few of the curated table's; the JPEG among them).
+JVM = "jvm"
+STORED = pa.schema([("sample_id", pa.string()), ("image", pa.binary()),
+                    ("image_sha256", pa.string()), ("dhash", pa.int64()),
+                    ("width", pa.int32()), ("height", pa.int32())])
+
+
+def discard(batches) -> list[str]:
+    """The bench's row sink: reads every accepted row the task hands it (which runs the
+    task's fetch + prepare) and keeps none; returns their count."""
+    return [str(sum(b.num_rows for b in batches))]
+
+
 class Sides:
     """The three sides, set up once; `time(label)` runs one side over all images."""
 
@@ -99,6 +120,7 @@ class Sides:
         from etl.schema import INGEST_SCHEMA
         from etl.session import get_spark
         from etl.transforms.prepare import fetch_and_prepare, prepared_outcomes
+        from etl.transforms.prepare_task import RowSink
 
         self.images = images
         self.pool = Pool(cores)
@@ -131,14 +153,20 @@ class Sides:
                      ("image_ref", "string"), ("image_offset", "long"),
                      ("image_length", "long"))])
         self.stages = {}
-        for threads in threads_list:
-            # What curate runs: one Python function that fetches (nothing here: the bytes are in the
-            # rows), prepares and hashes the source bytes.
+        sink = RowSink(discard, STORED, "bench", 0)
+        for side in [*threads_list, JVM]:
+            # What curate runs: one Python function per task that fetches (nothing here:
+            # the bytes are in the rows), prepares, hashes the source bytes and hands the
+            # accepted rows to the task's sink (curate's writes a Lance fragment; this one
+            # drops them), the JPEGs staying in the worker. JVM: the same function
+            # without a sink, its JPEGs sent back to the JVM (as curate did before).
+            threads = PrepareConfig().threads if side == JVM else side
             prepared = prepared_outcomes(fetch_and_prepare(
-                df, cfg.fetch, cfg.sources, PrepareConfig(threads=threads)))
+                df, cfg.fetch, cfg.sources, PrepareConfig(threads=threads),
+                sink=None if side == JVM else sink))
             prepared = prepared.select("prepared.image", "status")
             prepared.limit(cores).write.format("noop").mode("overwrite").save()  # warm
-            self.stages[threads] = prepared
+            self.stages[side] = prepared
         self.partitions = df.rdd.getNumPartitions()
 
     def time(self, side) -> float:
@@ -167,7 +195,7 @@ def run_set(name: str, args) -> None:
     pixels = sum(w * h for w, h in (Image.open(io.BytesIO(b)).size for b in images))
     with tempfile.TemporaryDirectory() as workdir:
         sides = Sides(images, args.cores, workdir, args.threads)
-        order = ["bare", "loop", *args.threads]
+        order = ["bare", "loop", *args.threads, JVM]
         best = {side: float("inf") for side in order}
         for _ in range(args.rounds):  # alternating, so drift hits every side alike
             for side in order:
@@ -183,7 +211,9 @@ def run_set(name: str, args) -> None:
     labels = {"bare": "bare Pool: decode + JPEG q92", "loop": "Pool: lakeshard prepare_image"}
     print(f"{'':<42}{'images/s':>10}{'MP/s/core':>11}{'vs bare':>9}")
     for side in order:
-        label = labels.get(side) or f"Spark prepare stage, threads={side}"
+        label = labels.get(side) or (
+            f"Spark stage, JPEGs to the JVM, threads={PrepareConfig().threads}"
+            if side == JVM else f"Spark prepare stage, threads={side}")
         t = best[side]
         print(f"{label:<42}{n / t:>10.2f}{mp / t / args.cores:>11.2f}{t_bare / t:>9.2f}")
     default = PrepareConfig().threads
