@@ -650,7 +650,7 @@ def _written_fragments(table: pa.Table) -> tuple:
     flag = table.column(FLAG)
     agree = pc.if_else(pc.and_(pc.is_null(flag), pc.is_null(ok)), True,
                        pc.fill_null(pc.equal(flag, ok), False))
-    _check_written(len(table) - pc.sum(agree).as_py() if len(table) else 0)
+    _check_written(len(table) - (pc.sum(agree).as_py() or 0))
     return tuple(w for w in table.column(WRITTEN).to_pylist() if w is not None)
 
 

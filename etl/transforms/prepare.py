@@ -218,22 +218,26 @@ def outcome_counts_arrow(table: pa.Table) -> list[Row]:
     if "filter_reason" not in table.column_names:
         table = table.append_column("filter_reason", pc.struct_field(
             table.column("prepared").combine_chunks(), "filter_reason"))
-    table = table.select(["source", "stage", "status", "reason", "filter_reason",
-                          "source_key", "detail"])
-    groups: dict[tuple, list] = {}
-    for r in table.to_pylist():
-        group = groups.setdefault(
-            (r["source"], r["stage"], r["status"], r["reason"], r["filter_reason"]),
-            [0, None])
-        group[0] += 1
-        if r["status"] is not None and r["status"] != "ok":
-            # Spark's min of the (key, detail) struct: field by field, null first.
-            example = (r["source_key"], r["detail"])
-            if group[1] is None or _struct_order(example) < _struct_order(group[1]):
-                group[1] = example
-    return [Row(source=k[0], stage=k[1], status=k[2], reason=k[3], filter_reason=k[4],
-                count=n, example=None if ex is None else Row(key=ex[0], detail=ex[1]))
-            for k, (n, ex) in groups.items()]
+    keys = ["source", "stage", "status", "reason", "filter_reason"]
+    counts = table.group_by(keys, use_threads=False).aggregate(
+        [("source_key", "count", pc.CountOptions(mode="all"))])
+    # Spark's min of the (key, detail) struct over each group's failed rows, field by
+    # field, null first: in Python over the failed rows alone.
+    status = table.column("status")
+    failed = table.filter(pc.fill_null(pc.not_equal(status, "ok"), False))
+    examples: dict[tuple, tuple] = {}
+    for r in failed.select([*keys, "source_key", "detail"]).to_pylist():
+        group, example = tuple(r[k] for k in keys), (r["source_key"], r["detail"])
+        if group not in examples or _struct_order(example) < _struct_order(examples[group]):
+            examples[group] = example
+    out = []
+    for r in counts.to_pylist():
+        ex = examples.get(tuple(r[k] for k in keys))
+        out.append(Row(source=r["source"], stage=r["stage"], status=r["status"],
+                       reason=r["reason"], filter_reason=r["filter_reason"],
+                       count=r["source_key_count"],
+                       example=None if ex is None else Row(key=ex[0], detail=ex[1])))
+    return out
 
 
 def _struct_order(values: tuple) -> tuple:
