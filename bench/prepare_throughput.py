@@ -12,15 +12,17 @@ Every side decodes and re-encodes the same images as JPEG q92 with the same libr
             theirs to Lance (this sink keeps none: the JPEGs stay in the worker) ->
             Spark's noop sink for the rows' outcomes.
 * jvm    -- the same without the row sink: the JPEGs go back to the JVM (as curate's
-            did before its tasks wrote the rows), at the default prepare.threads.
+            did before its tasks wrote the rows), at the threads curate gives its
+            tasks by default (prepare.threads null: the cores over the tasks).
 * loop   -- lakeshard's prepare_image in the same Pool, to separate the cost of the
             extra per-image work from the cost of Spark.
 
 Spark reads the images from parquet with its own split sizing (about the total bytes /
 cores per task) and lakeshard's session defaults (Arrow batches cut at 64 rows or 16
 MiB, so a batch of large images stays small). The stage is timed with
-`prepare.threads` 1 and 2 (the default: two images of a batch at a time, since Pillow
-releases the GIL). Every side runs once per round, alternating, best of ROUNDS kept:
+`prepare.threads` 1 and 2 (two images of a batch at a time, since Pillow releases the
+GIL); curate's default (null) gives each task the cores over the tasks: 1 where the
+tasks fill the cores, as here. Every side runs once per round, alternating, best of ROUNDS kept:
 drift on a noisy machine hits all sides alike. Inputs are realistic: photos bundled
 with scikit-image resized to 0.3-12 MP (the `large` set, 60 images) or 0.2-0.8 MP (the
 `small` set, 400 images: web-sized, where per-image overhead shows), mostly JPEG (q90),
@@ -154,20 +156,22 @@ class Sides:
                      ("image_length", "long"))])
         self.stages = {}
         sink = RowSink(discard, STORED, "bench", 0)
+        self.partitions = df.rdd.getNumPartitions()
+        # What curate's tasks get with prepare.threads null, for this many tasks.
+        self.default = PrepareConfig().task_threads(cores, self.partitions)
         for side in [*threads_list, JVM]:
             # What curate runs: one Python function per task that fetches (nothing here:
             # the bytes are in the rows), prepares, hashes the source bytes and hands the
             # accepted rows to the task's sink (curate's writes a Lance fragment; this one
             # drops them), the JPEGs staying in the worker. JVM: the same function
             # without a sink, its JPEGs sent back to the JVM (as curate did before).
-            threads = PrepareConfig().threads if side == JVM else side
+            threads = self.default if side == JVM else side
             prepared = prepared_outcomes(fetch_and_prepare(
                 df, cfg.fetch, cfg.sources, PrepareConfig(threads=threads),
                 sink=None if side == JVM else sink))
             prepared = prepared.select("prepared.image", "status")
             prepared.limit(cores).write.format("noop").mode("overwrite").save()  # warm
             self.stages[side] = prepared
-        self.partitions = df.rdd.getNumPartitions()
 
     def time(self, side) -> float:
         t0 = time.perf_counter()
@@ -187,7 +191,6 @@ class Sides:
 def run_set(name: str, args) -> None:
     from PIL import Image
 
-    from etl.config import PrepareConfig
 
     megapixels, default_n = SETS[name]
     images = make_images(args.images or default_n, megapixels)
@@ -200,7 +203,7 @@ def run_set(name: str, args) -> None:
         for _ in range(args.rounds):  # alternating, so drift hits every side alike
             for side in order:
                 best[side] = min(best[side], sides.time(side))
-        partitions = sides.partitions
+        partitions, default = sides.partitions, sides.default
         sides.close()
     print(f"\n{name} set: {len(images)} images ({min(megapixels)}-{max(megapixels)} MP), "
           f"{mb:.1f} MB encoded, {pixels / 1e6:.0f} MP, cores={args.cores}, {partitions} "
@@ -212,14 +215,13 @@ def run_set(name: str, args) -> None:
     print(f"{'':<42}{'images/s':>10}{'MP/s/core':>11}{'vs bare':>9}")
     for side in order:
         label = labels.get(side) or (
-            f"Spark stage, JPEGs to the JVM, threads={PrepareConfig().threads}"
+            f"Spark stage, JPEGs to the JVM, threads={default}"
             if side == JVM else f"Spark prepare stage, threads={side}")
         t = best[side]
         print(f"{label:<42}{n / t:>10.2f}{mp / t / args.cores:>11.2f}{t_bare / t:>9.2f}")
-    default = PrepareConfig().threads
     if default in best:
-        print(f"ratio stage/bare = {t_bare / best[default]:.2f} at the default "
-              f"prepare.threads={default} ({name} set); load "
+        print(f"ratio stage/bare = {t_bare / best[default]:.2f} at curate's default "
+              f"(prepare.threads null: {default} per task here; {name} set); load "
               f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
@@ -273,7 +275,8 @@ def main() -> None:
                         help="images per set (default: 60 large, 400 small)")
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
-                        help="prepare.threads values to time the stage with (2 = default)")
+                        help="prepare.threads values to time the stage with (curate's "
+                        "default: the cores over the tasks, 1 here)")
     parser.add_argument("--rounds", type=int, default=ROUNDS)
     parser.add_argument("--profile", action="store_true",
                         help="CPU ms per image of each piece of prepare_image, no Spark")

@@ -12,6 +12,7 @@ import os
 import pytest
 from conftest import jpeg_bytes, make_config
 
+from etl.config import PrepareConfig
 from etl.jobs import curate as curate_job
 from etl.lakehouse.catalog import Catalog
 from etl.pipeline.preflight import check_sources
@@ -67,6 +68,9 @@ def test_driver_and_spark_comparisons_of_a_folder_agree(spark, tmp_path, monkeyp
     driver = _diff(spark, cfg, driver=True, monkeypatch=monkeypatch)
     in_spark = _diff(spark, cfg, driver=False, monkeypatch=monkeypatch)
     assert driver[0] and not in_spark[0]  # each took the path it was meant to
+    # Compared here but too many for the driver: Spark's tasks, counted without asking.
+    _assert_tasks_counted(spark, cfg.model_copy(update={
+        "prepare": cfg.prepare.model_copy(update={"driver_rows": 0})}), 5)
     assert driver[1:] == in_spark[1:]
     listed_now = 8  # p0-p3, p5-p8
     todo = ["p1.jpg", "p2.jpg", "p3.jpg", "p5.jpg", "p8.jpg"]
@@ -186,3 +190,35 @@ def test_a_url_list_compared_here_and_in_spark_agree(spark, tmp_path, monkeypatc
 ])
 def test_fetch_and_prepare_tasks_per_night(new, cores, tasks):
     assert curate_job._tasks_for(new, cores) == tasks
+
+
+@pytest.mark.parametrize("configured, cores, tasks, threads", [
+    (None, 2, 2, 1), (None, 2, 4, 1), (None, 2, 196, 1),  # tasks fill the cores
+    (None, 2, 1, 2), (None, 16, 2, 8), (None, 16, 3, 5),  # idle cores: theirs
+    (None, 64, 1, 8),  # at most 8
+    (3, 2, 2, 3), (1, 16, 1, 1),  # prepare.threads set: as set
+])
+def test_threads_per_fetch_and_prepare_task(configured, cores, tasks, threads):
+    assert PrepareConfig(threads=configured).task_threads(cores, tasks) == threads
+
+
+def _assert_tasks_counted(spark, cfg, new):
+    """The fetch + prepare tasks counted for a listing compared on the driver are the
+    partitions Spark gives its frame."""
+    diff = curate_job._diff_sources(spark, cfg, Catalog.of(spark, cfg))
+    assert diff.compared_here and not diff.on_driver
+    assert curate_job._new_records(diff) == new
+    cores = spark.sparkContext.defaultParallelism
+    todo = curate_job._task_layout(diff.listed.where("NOT unchanged"), diff, cores)
+    assert curate_job._fetch_prepare_tasks(diff, todo, cores) == todo.rdd.getNumPartitions()
+
+
+@pytest.mark.parametrize("rows", [1, 3, 300, 1100])
+def test_tasks_of_a_url_list_compared_here_are_counted_without_asking(spark, tmp_path, rows):
+    lists = tmp_path / "lists"
+    lists.mkdir()
+    _jsonl(lists / "a.jsonl", [{"key": f"k{i}", "url": f"p{i}.jpg"} for i in range(rows)])
+    cfg = make_config(tmp_path / "root", [
+        {"name": "web", "kind": "table", "path": str(lists),
+         "columns": {"key": "key", "url": "url"}}], prepare={"driver_rows": 0})
+    _assert_tasks_counted(spark, cfg, rows)

@@ -361,9 +361,11 @@ _INT_COLUMNS = frozenset(("width", "height", "original_width", "original_height"
 
 def prepare_many(images: Sequence, opts: PrepareConfig) -> list[PreparedImage]:
     """:func:`prepare_image` on each of `images` (bytes, or None), on this worker's
-    ``opts.threads`` pool; an unexpected exception is that row's ``internal_error``."""
-    if opts.threads > 1 and len(images) > 1:
-        return list(_pool(opts.threads).map(lambda b: _prepare_one(b, opts), images))
+    ``opts.threads`` pool (null: 1); an unexpected exception is that row's
+    ``internal_error``."""
+    threads = opts.threads or 1
+    if threads > 1 and len(images) > 1:
+        return list(_pool(threads).map(lambda b: _prepare_one(b, opts), images))
     return [_prepare_one(b, opts) for b in images]
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -281,6 +282,8 @@ class _Diff:
     removed: _Removals | None = None  # compared on the driver: what left the sources
     on_driver: bool = False  # `listed` is a few records of local data, no Python UDF in
     # its plan: fetched, prepared and written to Lance from the driver
+    compared_here: bool = False  # compared with the manifest on the driver: `listed`
+    # comes from the driver, in at most one partition per core (per source)
 
     @property
     def unchanged(self) -> dict[str, int]:
@@ -363,7 +366,7 @@ def _diff_on_driver(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | N
                 if s.on_removed == "delete"}
     return _Diff(None, cat.takedowns.identifiers(), versions, {}, {}, listed, stats,
                  has_manifest=True, removed=_Removals(records, scans, {}),
-                 on_driver=on_driver)
+                 on_driver=on_driver, compared_here=True)
 
 
 def _known_ids(known) -> tuple[dict[str, tuple[str | None, bool]], dict[str, dict[str, str]]]:
@@ -442,7 +445,7 @@ def _diff_listed_here(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff |
                 if s.on_removed == "delete"}
     return _Diff(None, cat.takedowns.identifiers(), versions, {}, {}, listed, stats,
                  has_manifest=has_manifest, removed=removed,
-                 on_driver=len(new) <= cfg.prepare.driver_rows)
+                 on_driver=len(new) <= cfg.prepare.driver_rows, compared_here=True)
 
 
 def _occurrences(col: dict[str, list]) -> list[int]:
@@ -547,8 +550,10 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing()  # a night with nothing new
     refused = diff.refused
+    cores = spark.sparkContext.defaultParallelism
     todo = _task_layout(mark_duplicate_keys(diff.listed.where(~F.col("unchanged"))), diff,
-                        spark.sparkContext.defaultParallelism)
+                        cores)
+    prepare = _prepare_options(cfg, diff, todo, cores)
     if refused is not None:
         todo = refuse_taken_down(todo, refused)  # by key and URL: nothing fetched
     # One Python worker per task fetches, hashes the source bytes, prepares and writes
@@ -556,7 +561,7 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     # batch function, on the driver.
     written = None if diff.on_driver else _pending_append(spark, cfg, todo, run_id, now)
     sink = None if written is None else _row_sink(spark, written, refused, run_id, now)
-    todo = fetch_and_prepare(todo, cfg.fetch, cfg.sources, cfg.prepare,
+    todo = fetch_and_prepare(todo, cfg.fetch, cfg.sources, prepare,
                              on_driver=diff.on_driver, sink=sink)
     if refused is not None:
         # Same bytes, new name: rejected at ingest; prepared_outcomes drops its prepared.
@@ -700,6 +705,36 @@ def _task_layout(todo: DataFrame, diff: _Diff, cores: int) -> DataFrame:
         return todo
     return todo.coalesce(
         _tasks_for(_new_records(diff), cores))
+
+
+def _fetch_prepare_tasks(diff: _Diff, todo: DataFrame, cores: int) -> int:
+    """How many tasks fetch and prepare `todo` (:func:`_task_layout`'s frame); 1 on the
+    driver. Records compared with the manifest on the driver come from the driver in
+    at most one partition per core and source, and at least one per core or row: their
+    tasks are the fewer of the cores and :func:`_task_layout`'s count as far as
+    ``PrepareConfig.task_threads`` can tell. A listing in Spark has its own partitions,
+    asked of the plan (no job; ~0.2 s of planning in a cold JVM, which the first case
+    saves)."""
+    if diff.on_driver:
+        return 1
+    if diff.compared_here:
+        return min(cores, _tasks_for(_new_records(diff), cores))
+    return todo.rdd.getNumPartitions()
+
+
+def _prepare_options(cfg: Config, diff: _Diff, todo: DataFrame, cores: int):
+    """``prepare`` with the threads each fetch + prepare task runs resolved
+    (``PrepareConfig.task_threads``); the driver's own nights count the driver's cores."""
+    if cfg.prepare.threads is not None:
+        return cfg.prepare
+    if diff.on_driver and not cfg.spark.master.startswith("local"):
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+            os.cpu_count() or 1)
+    tasks = _fetch_prepare_tasks(diff, todo, cores)
+    threads = cfg.prepare.task_threads(cores, tasks)
+    log.info("curate: fetch + prepare in %d task(s) on %d core(s), %d prepare thread(s) "
+             "per task", tasks, cores, threads)
+    return cfg.prepare.model_copy(update={"threads": threads})
 
 
 def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep: _Prepared,
