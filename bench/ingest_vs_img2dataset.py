@@ -32,8 +32,9 @@ written (img2dataset's `successes`, lakeshard's `accepted`), or the bench fails.
         --variant spark.python.daemon.module=pyspark.daemon   # a setting against the default
 
 `--variant KEY=VALUE` (repeatable) adds a third side to every round, `lakeshard*`: the
-same run with those Spark settings, so that a setting is measured against the defaults
-in the same rounds.
+same run with those settings -- a Spark setting (`spark.` + its name) or a lakeshard
+one (`section.key`, the value read as YAML: `--variant prepare.threads=2`) --, so that a
+setting is measured against the defaults in the same rounds.
 """
 
 from __future__ import annotations
@@ -195,12 +196,19 @@ def _job_steps(folder: Path) -> list[tuple[str, int, float]]:
 
 def run_lakeshard(urls: Path, work: Path, rnd: int, args, spark_conf: dict | None = None,
                   tag: str = "") -> dict:
+    """One fresh `lakeshard run --only curate` on a new root; `spark_conf`: the variant's
+    settings (Spark's, or lakeshard's as section.key)."""
     import yaml
 
     root = work / f"lakeshard{tag}-{rnd}"
     conf = work / f"lakeshard{tag}-{rnd}.yaml"
     raw = lakeshard_config(urls, root, args)
-    raw["spark"]["conf"].update(spark_conf or {})
+    for key, value in (spark_conf or {}).items():
+        if key.startswith("spark."):
+            raw["spark"]["conf"][key] = value
+        else:  # a lakeshard setting: section.key, the value as YAML
+            section, _, name = key.partition(".")
+            raw.setdefault(section, {})[name] = yaml.safe_load(value)
     events_dir = work / f"eventlog{tag}-{rnd}"
     if args.jobs:
         shutil.rmtree(events_dir, ignore_errors=True)
@@ -248,14 +256,16 @@ def main() -> None:
                     help="also print lakeshard's Spark jobs per curate step (event log)")
     ap.add_argument("--work", default=None, help="folder for photos and outputs (temp)")
     ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Spark setting for a third side, lakeshard*, in every round")
+                    help="a Spark setting (spark.*) or a lakeshard one (section.key, "
+                    "a YAML value) for a third side, lakeshard*, in every round")
     args = ap.parse_args()
     args.processes = args.processes or args.cores
     variant = {}
     for item in args.variant:
         key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            ap.error(f"--variant {item!r}: expected KEY=VALUE")
+        if not sep or not key.strip() or "." not in key.strip(" ."):
+            ap.error(f"--variant {item!r}: expected KEY=VALUE, KEY spark.<setting> or "
+                     "<section>.<key>")
         variant[key.strip()] = value
 
     import pyarrow as pa
