@@ -312,11 +312,14 @@ def test_many_batches_in_one_task_keep_each_row_with_its_image(spark, tmp_path):
             assert row.prepared is None and row.original_sha256 is None
 
 
-def test_tasks_write_the_rows_they_accept_as_spark_would_store_them(spark, server, tmp_path):
+@pytest.mark.parametrize("batch_rows", ["3", "1"])
+def test_tasks_write_the_rows_they_accept_as_spark_would_store_them(spark, server, tmp_path,
+                                                                    batch_rows):
     """With a sink, each task writes the rows it accepts (here a Lance append): the rows
     stored are, byte for byte, what accepted_rows makes of the same rows prepared
     without one; a row refused by its source bytes' hash or by its JPEG's is not
-    written; every row says whether it was, in agreement with its final status."""
+    written; every row says whether it was, in agreement with its final status. In
+    batches of 3 rows some of a batch are accepted; of 1 row, all of it or none."""
     from datetime import datetime
 
     import lance
@@ -362,7 +365,7 @@ def test_tasks_write_the_rows_they_accept_as_spark_would_store_them(spark, serve
     sink = RowSink(pending.write_task, pending.schema, "r1", T.TimestampType().toInternal(now),
                    spark.sparkContext.broadcast(frozenset(hashes)))
     before = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "3")  # 3 batches
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", batch_rows)
     try:
         rows = final(sink).collect()
     finally:

@@ -86,12 +86,15 @@ def batch_args(batch: pa.RecordBatch | pa.Table) -> tuple[pd.Series, ...]:
 def fp_struct(frames: Sequence[pd.DataFrame], processed: pa.Array) -> pa.StructArray:
     """The UDF body's result frames (one per batch, in order) as one struct array of
     :data:`FP_TYPE`, null where `processed` is not true."""
-    result = pa.concat_tables(
-        [_FP_ARROW.empty_table()]
-        + [pa.Table.from_pandas(f, schema=_FP_ARROW, preserve_index=False) for f in frames])
-    return pa.StructArray.from_arrays(
-        [result.column(f.name).combine_chunks() for f in _FP_ARROW], fields=list(_FP_ARROW),
-        mask=pc.invert(processed.fill_null(False)))
+    batches = [pa.RecordBatch.from_pandas(f, schema=_FP_ARROW, preserve_index=False)
+               for f in frames]
+    if len(batches) == 1:  # a task's batch: its arrays as they are (no copy of the JPEGs)
+        arrays = batches[0].columns
+    else:
+        table = pa.Table.from_batches(batches, schema=_FP_ARROW)
+        arrays = [column.combine_chunks() for column in table.columns]
+    return pa.StructArray.from_arrays(arrays, fields=list(_FP_ARROW),
+                                      mask=pc.invert(processed.fill_null(False)))
 
 
 def _accepted(fp: pa.StructArray, refused: pa.Array | None) -> pa.BooleanArray:
@@ -107,8 +110,14 @@ def _stored_rows(batch: pa.RecordBatch, fp: pa.StructArray, accepted: pa.Boolean
     """The rows to store of the accepted ones: the table's columns, as
     :func:`etl.transforms.prepare.curated_columns` computes them in Spark."""
     idx = pc.indices_nonzero(accepted)
-    prepared = {name: fp.field(name).take(idx) for name in PREPARED_TYPE.fieldNames()}
     n = len(idx)
+    # The prepared fields are this batch's own arrays: all of them accepted, they are
+    # stored as they are (no copy of the JPEGs). The row's own columns are taken
+    # (copied) always: they may be slices of the whole input batch as Spark sent it,
+    # which must not stay alive with them.
+    every = n == len(accepted)
+    prepared = {name: fp.field(name) if every else fp.field(name).take(idx)
+                for name in PREPARED_TYPE.fieldNames()}
     computed = {
         "image_size_bytes": pc.binary_length(prepared["image"]).cast(pa.int64()),
         "run_id": pa.array([sink.run_id] * n, pa.string()),
