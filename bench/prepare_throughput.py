@@ -191,7 +191,6 @@ class Sides:
 def run_set(name: str, args) -> None:
     from PIL import Image
 
-
     megapixels, default_n = SETS[name]
     images = make_images(args.images or default_n, megapixels)
     mb = sum(map(len, images)) / 1e6

@@ -708,15 +708,13 @@ def _task_layout(todo: DataFrame, diff: _Diff, cores: int) -> DataFrame:
 
 
 def _fetch_prepare_tasks(diff: _Diff, todo: DataFrame, cores: int) -> int:
-    """How many tasks fetch and prepare `todo` (:func:`_task_layout`'s frame); 1 on the
-    driver. Records compared with the manifest on the driver come from the driver in
-    at most one partition per core and source, and at least one per core or row: their
-    tasks are the fewer of the cores and :func:`_task_layout`'s count as far as
+    """How many Spark tasks fetch and prepare `todo` (:func:`_task_layout`'s frame).
+    Records compared with the manifest on the driver come from the driver in at most
+    one partition per core and source, and at least one per core or row: their tasks
+    are the fewer of the cores and :func:`_task_layout`'s count as far as
     ``PrepareConfig.task_threads`` can tell. A listing in Spark has its own partitions,
     asked of the plan (no job; ~0.2 s of planning in a cold JVM, which the first case
     saves)."""
-    if diff.on_driver:
-        return 1
     if diff.compared_here:
         return min(cores, _tasks_for(_new_records(diff), cores))
     return todo.rdd.getNumPartitions()
@@ -724,13 +722,17 @@ def _fetch_prepare_tasks(diff: _Diff, todo: DataFrame, cores: int) -> int:
 
 def _prepare_options(cfg: Config, diff: _Diff, todo: DataFrame, cores: int):
     """``prepare`` with the threads each fetch + prepare task runs resolved
-    (``PrepareConfig.task_threads``); the driver's own nights count the driver's cores."""
+    (``PrepareConfig.task_threads``); a night on the driver is one task on the driver's
+    cores (the local master's, or the driver machine's)."""
     if cfg.prepare.threads is not None:
         return cfg.prepare
-    if diff.on_driver and not cfg.spark.master.startswith("local"):
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-            os.cpu_count() or 1)
-    tasks = _fetch_prepare_tasks(diff, todo, cores)
+    if not diff.on_driver:
+        tasks = _fetch_prepare_tasks(diff, todo, cores)
+    else:
+        tasks = 1
+        if not cfg.spark.master.startswith("local"):
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
+                os.cpu_count() or 1)
     threads = cfg.prepare.task_threads(cores, tasks)
     log.info("curate: fetch + prepare in %d task(s) on %d core(s), %d prepare thread(s) "
              "per task", tasks, cores, threads)
