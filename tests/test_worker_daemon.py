@@ -106,3 +106,59 @@ def test_local_runs_use_it_and_a_cluster_chooses(tmp_path):
     own = make_config(tmp_path, spark={"master": "spark://h:7077",
                                        "conf": {"spark.python.daemon.module": DAEMON}})
     assert spark_conf(own)["spark.python.daemon.module"] == DAEMON
+
+
+def _daemons() -> set[int]:
+    """This machine's worker daemons of lakeshard's module (not the workers they fork,
+    whose parent is a daemon)."""
+    def cmdline(pid) -> str:
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                return f.read().replace(b"\0", b" ").decode()
+        except OSError:
+            return ""
+
+    def parent(pid) -> int:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    found = set()
+    for name in os.listdir("/proc"):
+        if name.isdigit() and f"-m {DAEMON} pyspark.worker" in cmdline(name):
+            try:
+                if f"-m {DAEMON}" not in cmdline(parent(name)):
+                    found.add(int(name))
+            except OSError:
+                pass  # exited meanwhile
+    return found
+
+
+def test_workers_started_ahead_are_the_ones_arrow_tasks_fork_from(spark):
+    """start_python_workers starts the daemon that the next Arrow job's tasks (curate's
+    fetch + prepare is a mapInArrow) fork from -- not a second one -- in the caller's
+    job group."""
+    from etl.runtime.warm import start_python_workers
+
+    def parent_pid(batches):
+        import os
+
+        import pyarrow as pa
+
+        for _ in batches:
+            yield pa.record_batch([pa.array([os.getppid()], pa.int64())], names=["ppid"])
+
+    sc = spark.sparkContext
+    sc.setJobGroup("warm-workers", "start the Python workers ahead")
+    try:
+        thread = start_python_workers(spark, "test: start the Python workers")
+        assert thread is not None
+        thread.join(120)
+        assert not thread.is_alive()
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    assert len(sc.statusTracker().getJobIdsForGroup("warm-workers")) == 1
+    daemons = _daemons()
+    assert daemons
+    seen = spark.range(4, numPartitions=2).mapInArrow(parent_pid, "ppid long").collect()
+    assert len(seen) == 2 and {r.ppid for r in seen} <= daemons
+    assert _daemons() == daemons  # the tasks started no daemon of their own

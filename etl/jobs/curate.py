@@ -51,6 +51,7 @@ from etl.ledger import code_version
 from etl.runtime.faults import fault_point
 from etl.runtime.local import is_local
 from etl.runtime.stage import RowTally, RunContext, StageResult
+from etl.runtime.warm import start_python_workers
 from etl.schema import (
     REMOVED,
     SOURCE_SCHEMA,
@@ -549,6 +550,9 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     if diff.has_manifest and storage.lance_exists(paths.curated) and all(
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing()  # a night with nothing new
+    if diff.compared_here and not diff.on_driver:
+        # This process's first Python tasks: their daemon starts while the step plans.
+        start_python_workers(spark, "lakeshard curate: start the Python workers")
     refused = diff.refused
     cores = spark.sparkContext.defaultParallelism
     todo = _task_layout(mark_duplicate_keys(diff.listed.where(~F.col("unchanged"))), diff,

@@ -1,4 +1,4 @@
-"""Imports started on a thread while the driver waits for Spark.
+"""Work started on a thread while the driver waits for Spark, or plans a job.
 
 A nightly `lakeshard run` is a fresh process: before its first stage it waits seconds
 for the driver JVM to start, with its Python thread idle, and later pays imports of its
@@ -7,6 +7,11 @@ with it, for an export the driver writes). :func:`import_in_background` starts s
 imports on a daemon thread now, so that they overlap the wait; the code that needs a
 module imports it as usual, and the import system makes it wait for a module still
 being imported. An import that fails on the thread is left for that code to raise.
+
+:func:`start_python_workers` does the same for the executors' Python daemon on a local
+master: its start (the interpreter, PySpark and the modules every task needs,
+``etl/runtime/worker_daemon.py``; ~0.7 s of one core) would otherwise wait for the
+first Python task, while the driver spends ~1 s planning the job that runs it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import threading
 
 log = logging.getLogger(__name__)
 
-__all__ = ["import_in_background"]
+__all__ = ["import_in_background", "start_python_workers"]
 
 
 def import_in_background(*modules: str, name: str = "lakeshard-import"
@@ -37,5 +42,36 @@ def import_in_background(*modules: str, name: str = "lakeshard-import"
                 return
 
     thread = threading.Thread(target=load, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def _same_batches(batches):
+    return batches
+
+
+def start_python_workers(spark, what: str) -> threading.Thread | None:
+    """On a local master, start the executors' Python daemon now, with a one-task Arrow
+    job on a thread (labelled ``what``; it inherits the caller's job group), so that the
+    job the caller is planning finds its workers forking from a daemon that is already
+    up. None elsewhere: a cluster's executors start their own daemons, one per
+    executor, which one task cannot reach.
+
+    An Arrow job (``mapInArrow``), as the tasks that follow run: Spark keeps one daemon
+    per interpreter, worker module and environment, and an RDD job's workers get another
+    environment, so another daemon (measured: two daemons, the second job's tasks no
+    earlier). A failure on the thread is logged; the caller's own job meets it again."""
+    if not spark.sparkContext.master.startswith("local"):
+        return None
+    from pyspark import InheritableThread
+
+    def run() -> None:
+        spark.sparkContext.setJobDescription(what)
+        try:
+            spark.range(1, numPartitions=1).mapInArrow(_same_batches, "id long").collect()
+        except Exception as exc:  # noqa: BLE001 -- the caller's job raises it where it counts
+            log.warning("starting the Python workers failed: %s", exc)
+
+    thread = InheritableThread(target=run, name="lakeshard-python-workers", daemon=True)
     thread.start()
     return thread
