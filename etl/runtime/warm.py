@@ -46,8 +46,11 @@ def import_in_background(*modules: str, name: str = "lakeshard-import"
     return thread
 
 
-def _same_batches(batches):
-    return batches
+def _drain(batches):
+    """The warm-up task's function: reads its row, returns no batch."""
+    for _ in batches:
+        pass
+    return iter(())
 
 
 def start_python_workers(spark, what: str) -> threading.Thread | None:
@@ -68,7 +71,7 @@ def start_python_workers(spark, what: str) -> threading.Thread | None:
     def run() -> None:
         spark.sparkContext.setJobDescription(what)
         try:
-            spark.range(1, numPartitions=1).mapInArrow(_same_batches, "id long").collect()
+            spark.range(1, numPartitions=1).mapInArrow(_drain, "id long").collect()
         except Exception as exc:  # noqa: BLE001 -- the caller's job raises it where it counts
             log.warning("starting the Python workers failed: %s", exc)
 
