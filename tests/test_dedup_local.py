@@ -258,9 +258,10 @@ def _picture(rng, size=(96, 80)):
 
 @pytest.mark.slow
 def test_driver_increment_equals_spark_increment_on_the_same_table(spark, tmp_path):
-    """The same night -- new pictures (copies and near copies among them), deleted files,
-    files replaced by other pictures -- deduplicated twice from copies of the same
-    root: planned in the driver, and by Spark over the whole table. Same table after."""
+    """The first night, then the same next night -- new pictures (copies and near copies
+    among them), deleted files, files replaced by other pictures -- each deduplicated
+    twice from copies of the same root: planned in the driver, and by Spark over the
+    whole table. Same table after."""
     import shutil
 
     import numpy as np
@@ -283,7 +284,24 @@ def test_driver_increment_equals_spark_increment_on_the_same_table(spark, tmp_pa
                                            "path": str(photos)}],
                            dedup={"driver_max_rows": driver_rows})
 
-    run_pipeline(config(tmp_path / "root", 50_000), only=("curate", "dedup"))
+    def table(root):
+        path = tables.layout(config(root, 0)).dedup
+        return sorted(tuple(r[c] for c in ASSIGNMENT_COLUMNS if c != "run_id")
+                      for r in spark.read.format("delta").load(path).collect())
+
+    # The first night both ways too: planned in the driver (a table within
+    # driver_max_rows), and by Spark over the table.
+    run_pipeline(config(tmp_path / "root", 50_000), only=("curate",))
+    shutil.copytree(tmp_path / "root", tmp_path / "first_by_spark")
+    first_d = run_pipeline(config(tmp_path / "root", 50_000), only=("dedup",)).detail("dedup")
+    first_s = run_pipeline(config(tmp_path / "first_by_spark", 0),
+                           only=("dedup",)).detail("dedup")
+    assert (first_d.mode, first_s.mode) == ("full (driver)", "full")
+    assert first_d.new_rows == first_s.new_rows == 26
+    assert (first_d.pairs, first_d.changed, first_d.clusters, first_d.counts) == (
+        first_s.pairs, first_s.changed, first_s.clusters, first_s.counts)
+    assert table(tmp_path / "root") == table(tmp_path / "first_by_spark")
+    assert first_d.clusters >= 2  # the exact copy's and the near copy's
 
     # The night: 2 copies and 2 near copies of stored pictures, 2 new ones, 3 files
     # deleted, 2 replaced by other pictures (one by a copy of a stored picture).
@@ -306,11 +324,6 @@ def test_driver_increment_equals_spark_increment_on_the_same_table(spark, tmp_pa
     assert (d.mode, s.mode) == ("incremental (driver)", "incremental")
     assert d.new_rows == s.new_rows >= 6 and d.removed == s.removed >= 3
     assert (d.changed, d.clusters, d.counts) == (s.changed, s.clusters, s.counts)
-
-    def table(root):
-        path = tables.layout(config(root, 0)).dedup
-        return sorted(tuple(r[c] for c in ASSIGNMENT_COLUMNS if c != "run_id")
-                      for r in spark.read.format("delta").load(path).collect())
 
     assert table(tmp_path / "root") == table(tmp_path / "root2")
     # The driver's plan (updates and deletes among its rows) was one delta-rs MERGE.

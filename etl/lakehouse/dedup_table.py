@@ -104,7 +104,7 @@ class SourceDedup:
 class DedupResult:
     path: str
     version: int  # Delta version after this run
-    mode: str  # "full", "incremental" or "incremental (driver)"
+    mode: str  # "full", "incremental", "incremental (driver)" or "full (driver)"
     curated_version: int
     new_rows: int  # rows compared against everything this run
     pairs: int  # verified near pairs found this run (distinct dHashes)
@@ -346,8 +346,9 @@ class DedupTable:
                new_settings: Literal["full", "defer"] = "full") -> DedupResult:
         """Bring the table up to date with the curated table's current version, by the
         cheapest path that gives the same table: from the properties alone (nothing
-        changed), planned in the driver (an increment within ``dedup.driver_max_rows``),
-        or planned by Spark over the table (a first, full or large run).
+        changed), planned in the driver (an increment within ``dedup.driver_max_rows``,
+        or a first run over a table of at most that many rows), or planned by Spark over
+        the table (a full run, or a large first or incremental one).
 
         Settings other than the recorded ones make the run a full one; with
         ``new_settings="defer"`` (a takedown, which must not wait for a full search)
@@ -361,6 +362,8 @@ class DedupTable:
         if not full and (done := self._up_to_date(state, version)) is not None:
             return done
         if not full and (done := self._driver_increment(state, version, run_id)):
+            return done
+        if state is None and (done := self._driver_first(version, run_id)):
             return done
         if changed_settings:
             log.info("dedup: threshold/bands changed (%s -> %s): full run",
@@ -423,6 +426,36 @@ class DedupTable:
             self.path, delta_version, "incremental (driver)", version, plan.new_rows,
             plan.pairs, 0, len(plan.changes), len(plan.removed), stats["clusters"],
             source_counts(stats["by"], self._sources()),
+        )
+
+    def _driver_first(self, version: int, run_id: str) -> DedupResult | None:
+        """A first run over a curated table of at most ``dedup.driver_max_rows`` rows,
+        planned in the driver: the rows' narrow columns read by pylance, clustered by
+        :func:`plan_local` with no previous assignment (what Spark's first plan gives:
+        ``tests/test_dedup_local.py``), written by delta-rs. None for a larger table (or
+        ``driver_max_rows`` 0): Spark plans it."""
+        limit = self.cfg.dedup.driver_max_rows
+        if not limit:
+            return None
+        now = tables.open_curated(self.cfg, version)
+        if now.count_rows() > limit:
+            return None
+        rows = now.to_table(columns=list(ROW_COLUMNS)).to_pylist()
+        plan = plan_local(rows, [], self.cfg.dedup, run_id)
+        stats = update_stats({"by": {}, "clusters": 0, "sizes": {}}, plan.changes, [], {})
+        # No properties: no table yet (write() creates it), so an append. A table that
+        # holds rows all the same is MERGEd into instead: no row twice.
+        fresh = not storage.delta_exists(self.path) or is_empty(self.path)
+        sc = self.spark.sparkContext
+        sc.setJobDescription("lakeshard dedup: write Delta dedup")
+        try:
+            delta_version, _ = self.write(plan.changes, [], state=None, covers=version,
+                                          stats=stats, inserts_only=fresh)
+        finally:
+            sc.setJobDescription(None)
+        return DedupResult(
+            self.path, delta_version, "full (driver)", version, plan.new_rows, plan.pairs, 0,
+            len(plan.changes), 0, stats["clusters"], source_counts(stats["by"], self._sources()),
         )
 
     def _spark_plan(self, state: dict | None, version: int, run_id: str, *,
