@@ -228,8 +228,11 @@ def test_events_progress_and_job_groups(spark, finished_run):
     progress = [e for e in events if e["event"] == "progress"]
     assert progress and all(0 <= e["tasks_done"] <= e["tasks_total"] for e in progress)
     tracker = spark.sparkContext.statusTracker()
-    for stage in ("curate", "dedup", "export"):  # caption: nothing to do, no Spark job
+    for stage in ("curate", "export"):  # caption: nothing to do, no Spark job
         assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-{stage}"), stage
+    # dedup: a first run over a small curated table, planned in the driver.
+    assert out.detail("dedup").mode == "full (driver)"
+    assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-dedup") == []
 
 
 def test_a_failing_stage_is_recorded_and_releases_the_lock(spark, finished_run):
