@@ -109,8 +109,8 @@ def test_local_runs_use_it_and_a_cluster_chooses(tmp_path):
 
 
 def _daemons() -> set[int]:
-    """This machine's worker daemons of lakeshard's module (not the workers they fork,
-    whose parent is a daemon)."""
+    """The worker daemons of lakeshard's module under this process (its Spark's; not the
+    workers they fork, whose parent is a daemon, nor another process's Spark)."""
     def cmdline(pid) -> str:
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -122,11 +122,18 @@ def _daemons() -> set[int]:
         with open(f"/proc/{pid}/stat") as f:
             return int(f.read().rsplit(")", 1)[1].split()[1])
 
+    def ours(pid: int) -> bool:
+        while pid > 1:
+            pid = parent(pid)
+            if pid == os.getpid():
+                return True
+        return False
+
     found = set()
     for name in os.listdir("/proc"):
         if name.isdigit() and f"-m {DAEMON} pyspark.worker" in cmdline(name):
             try:
-                if f"-m {DAEMON}" not in cmdline(parent(name)):
+                if f"-m {DAEMON}" not in cmdline(parent(name)) and ours(int(name)):
                     found.add(int(name))
             except OSError:
                 pass  # exited meanwhile
