@@ -17,6 +17,7 @@ from etl.jobs import curate as curate_job
 from etl.lakehouse.catalog import Catalog
 from etl.pipeline.preflight import check_sources
 from etl.schema import sample_id_of
+from etl.sources import listing
 from etl.sources.file_table import TableSource
 from etl.sources.image_folder import ImageFolderSource
 
@@ -94,6 +95,53 @@ def test_an_empty_listing_defers_removals_on_the_driver(spark, tmp_path, monkeyp
     assert driver[1:] == in_spark[1:] == (
         {}, [], [],
         {"photos": "deferred: the source lists no record at all"})
+
+
+def test_a_night_lists_each_folder_once_and_reads_what_it_listed(spark, tmp_path,
+                                                                  monkeypatch):
+    """The quiet-night digest, the comparison with the manifest and the read of the new
+    records come from one listing: a folder is walked once a night, and a photo that
+    arrives after the walk is the next night's -- not read tonight beside a digest that
+    did not see it."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(3):
+        (folder / f"p{i}.jpg").write_bytes(_img(i))
+    cfg = make_config(tmp_path / "root", [
+        {"name": "photos", "kind": "image_folder", "path": str(folder)}])
+    check_sources(cfg)
+    curate_job.curate(spark, cfg, "night-1")
+
+    (folder / "p3.jpg").write_bytes(_img(3))  # new before the night
+    walks, made = [], []
+    walk, rows = listing._list_files, ImageFolderSource._rows
+
+    def walking(root, follow):
+        walks.append(root)
+        files = walk(root, follow)
+        (folder / "p4.jpg").write_bytes(_img(4))  # arrives just after the walk
+        return files
+
+    def making(source):
+        made.append(source.path)
+        return rows(source)
+
+    with monkeypatch.context() as m:
+        m.setattr(listing, "_list_files", walking)
+        m.setattr(ImageFolderSource, "_rows", staticmethod(making))
+        night = curate_job.curate(spark, cfg, "night-2")
+        assert walks == [str(folder)] and made == [str(folder)]
+        (c2,) = night.counts
+        assert (c2.seen, c2.accepted, c2.unchanged) == (1, 1, 3)  # p3 only: p4 unseen
+        walks.clear()
+        # Outside a night every listing walks the folder again.
+        assert len(ImageFolderSource._listed(cfg.sources[0])) == 5
+        assert len(ImageFolderSource._listed(cfg.sources[0])) == 5
+        assert len(walks) == 2
+
+    (c3,) = curate_job.curate(spark, cfg, "night-3").counts  # not quiet: p4 is new
+    assert (c3.seen, c3.accepted, c3.unchanged) == (1, 1, 4)
+    assert curate_job.curate(spark, cfg, "night-4").counts[0].unchanged == 5
 
 
 def _table_diff(spark, cfg, *, here: bool, monkeypatch):

@@ -60,6 +60,7 @@ from etl.schema import (
     sample_id_of,
 )
 from etl.sources import adapter_for, finish_ingest, finish_ingest_here
+from etl.sources.listing import one_listing
 from etl.transforms.accounting import (
     SourceCounts,
     accounting_rows,
@@ -925,7 +926,16 @@ def _result(cat: Catalog, ds, counts: tuple[SourceCounts, ...], purge: PurgeResu
 def curate(spark: SparkSession, cfg: Config, run_id: str,
            changes_ahead: Callable[[], None] = lambda: None) -> CurateResult:
     """`changes_ahead`: called once the night is known not to be a no-op (the run's
-    later stages may start warming: :meth:`RunContext.changes_ahead`)."""
+    later stages may start warming: :meth:`RunContext.changes_ahead`). Each source's
+    files are listed once (:func:`~etl.sources.listing.one_listing`): the digest that
+    tells a quiet night, the comparison with the manifest and the read of the new
+    records see the same listing."""
+    with one_listing():
+        return _night(spark, cfg, run_id, changes_ahead)
+
+
+def _night(spark: SparkSession, cfg: Config, run_id: str,
+           changes_ahead: Callable[[], None]) -> CurateResult:
     paths, cat = tables.layout(cfg), Catalog.of(spark, cfg)
     now = datetime.now(UTC).replace(tzinfo=None)
     quiet = _check_quiet(cfg, cat)

@@ -26,7 +26,7 @@ from etl.sources.base import (
     local_path,
     require_exists,
 )
-from etl.sources.listing import fingerprint, list_files, listing_digest
+from etl.sources.listing import fingerprint, list_files, listed_once, listing_digest
 from etl.sources.records import (
     CAPTION_REASONS,
     RAW_SCHEMA,
@@ -90,7 +90,13 @@ class ImageFolderSource(SourceAdapter):
     @staticmethod
     def _listed(source: SourceConfig) -> list[tuple]:
         """One row per image, listed on the driver: key, URI, sidecar URIs, fingerprint,
-        and the problem that keeps it from being read (None, or reason and detail)."""
+        and the problem that keeps it from being read (None, or reason and detail).
+        Within :func:`~etl.sources.listing.one_listing`, made once per folder."""
+        return listed_once(("image_folder", source.path, source.follow_symlinks),
+                           lambda: ImageFolderSource._rows(source))
+
+    @staticmethod
+    def _rows(source: SourceConfig) -> list[tuple]:
         files = list_files(source.path, source.follow_symlinks)
         by_stem: dict[str, dict] = {}
         for f in files:

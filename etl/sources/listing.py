@@ -6,7 +6,12 @@ with ``lstat`` (never opened), and an entry that is not a plain file inside the 
 is listed with a ``problem`` -- (reason, detail) -- that its adapter turns into a
 reject of that record: ``symlink`` (a link, with ``follow_symlinks`` off),
 ``outside_source`` (a followed link that leads out of the folder), ``dangling_link``,
-``not_a_file`` (a FIFO, socket or device: opening one could block forever)."""
+``not_a_file`` (a FIFO, socket or device: opening one could block forever).
+
+Within :func:`one_listing` (a curate night) each folder is listed once: the listing
+digest that tells a quiet night, the comparison with the manifest and the read of the
+new records all see the same files, and a large folder is not walked three times.
+"""
 
 from __future__ import annotations
 
@@ -16,17 +21,49 @@ import itertools
 import os
 import re
 import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import TypeVar
 
 from etl.sources.base import file_uri, is_local_path, local_path
 from udfs.fetch_local import file_kind
 
 __all__ = ["ListedFile", "list_files", "expand_braces", "expand_pattern", "is_pattern",
-           "fingerprint", "listing_digest", "LISTING_REASONS"]
+           "fingerprint", "listing_digest", "LISTING_REASONS", "one_listing", "listed_once"]
 
 # Reasons a listed entry is not read (see the module docstring).
 LISTING_REASONS = ("symlink", "outside_source", "dangling_link", "not_a_file")
 Follow = bool | str  # SourceConfig.follow_symlinks: False, True or "anywhere"
+
+_T = TypeVar("_T")
+# The listings made within one_listing(), by what was listed; None outside it.
+_LISTINGS: ContextVar[dict | None] = ContextVar("lakeshard_listings", default=None)
+
+
+@contextmanager
+def one_listing() -> Iterator[None]:
+    """Within it, what :func:`listed_once` lists (every :func:`list_files`) is listed
+    once and the later calls get that listing: one snapshot of the sources for the
+    block (a curate night). Files added during it are tonight's next listing's. Per
+    thread of control (a context variable): other threads list for themselves."""
+    token = _LISTINGS.set({})
+    try:
+        yield
+    finally:
+        _LISTINGS.reset(token)
+
+
+def listed_once(key: tuple, make: Callable[[], list[_T]]) -> list[_T]:
+    """`make()`, or within :func:`one_listing` the list it made for `key` the first
+    time (a new list each call: a caller may change its own)."""
+    made = _LISTINGS.get()
+    if made is None:
+        return make()
+    if key not in made:
+        made[key] = tuple(make())
+    return list(made[key])
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
@@ -191,7 +228,13 @@ def list_files(root: str, follow_symlinks: Follow = False) -> list[ListedFile]:
     """All files under `root`, recursively, sorted by relative path (hidden files and
     folders skipped). Locally, links and special files are listed with their
     ``problem`` (see the module docstring); a link to a folder is descended into only
-    when followed (and, unless "anywhere", when it stays inside `root`), once."""
+    when followed (and, unless "anywhere", when it stays inside `root`), once. Within
+    :func:`one_listing`, once per root."""
+    return listed_once(("files", root, follow_symlinks),
+                       lambda: _list_files(root, follow_symlinks))
+
+
+def _list_files(root: str, follow_symlinks: Follow) -> list[ListedFile]:
     out = []
     if is_local_path(root):
         base = os.path.realpath(local_path(root))
