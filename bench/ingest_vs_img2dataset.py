@@ -34,7 +34,14 @@ written (img2dataset's `successes`, lakeshard's `accepted`), or the bench fails.
 `--variant KEY=VALUE` (repeatable) adds a third side to every round, `lakeshard*`: the
 same run with those settings -- a Spark setting (`spark.` + its name) or a lakeshard
 one (`section.key`, the value read as YAML: `--variant prepare.threads=2`) --, so that a
-setting is measured against the defaults in the same rounds.
+setting is measured against the defaults in the same rounds. `--code PATH` (repeatable)
+adds a side per checkout of other code (a `git worktree` of an older commit), run with
+that checkout first on the driver's and the Python workers' path, as
+`bench/replay_night.py` does: a change measured against the code before it, and
+against img2dataset, in the same rounds.
+
+    git worktree add /tmp/lakeshard-base HEAD~1
+    .venv/bin/python bench/ingest_vs_img2dataset.py --code /tmp/lakeshard-base
 """
 
 from __future__ import annotations
@@ -195,9 +202,10 @@ def _job_steps(folder: Path) -> list[tuple[str, int, float]]:
 
 
 def run_lakeshard(urls: Path, work: Path, rnd: int, args, spark_conf: dict | None = None,
-                  tag: str = "") -> dict:
+                  tag: str = "", code: Path = REPO) -> dict:
     """One fresh `lakeshard run --only curate` on a new root; `spark_conf`: the variant's
-    settings (Spark's, or lakeshard's as section.key)."""
+    settings (Spark's, or lakeshard's as section.key); `code`: the checkout whose `etl`
+    and `udfs` run (first on the driver's and the workers' path)."""
     import yaml
 
     root = work / f"lakeshard{tag}-{rnd}"
@@ -217,11 +225,17 @@ def run_lakeshard(urls: Path, work: Path, rnd: int, args, spark_conf: dict | Non
                                      "spark.eventLog.dir": str(events_dir),
                                      "spark.eventLog.compress": "false",
                                      "spark.eventLog.rolling.enabled": "false"})
+    env = dict(os.environ)
+    if code != REPO:
+        raw["spark"]["conf"]["spark.executorEnv.PYTHONPATH"] = str(code)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code), env.get("PYTHONPATH"))
+                                            if p)
     conf.write_text(yaml.safe_dump(raw))
     t0 = time.monotonic()
     with open(work / f"lakeshard{tag}-{rnd}.log", "wb") as log:
-        subprocess.run([str(REPO / ".venv" / "bin" / "lakeshard"), "--conf", str(conf), "run",
-                        "--only", "curate"], check=True, stdout=log, stderr=log, cwd=work)
+        subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "etl.cli", "--conf",
+                        str(conf), "run", "--only", "curate"], check=True, stdout=log,
+                       stderr=log, cwd=work, env=env)
     wall = time.monotonic() - t0
     (events,) = root.glob("reports/*/events.jsonl")
     rows = [json.loads(line) for line in events.read_text().splitlines()]
@@ -230,7 +244,7 @@ def run_lakeshard(urls: Path, work: Path, rnd: int, args, spark_conf: dict | Non
     accepted = summary["curate"]["curated_rows"]  # a new root: every curated row is new
     shutil.rmtree(root, ignore_errors=True)
     if args.jobs:
-        print(f"       Spark jobs of lakeshard{'*' if tag else ''} round {rnd + 1}, by step:")
+        print(f"       Spark jobs of lakeshard{tag} round {rnd + 1}, by step:")
         for desc, n, secs in _job_steps(events_dir):
             print(f"         {secs:>6.1f} s {n:>3} jobs  {desc[:90]}")
     return {"wall": wall, "stage": end["seconds"], "images": accepted}
@@ -255,6 +269,9 @@ def main() -> None:
     ap.add_argument("--jobs", action="store_true",
                     help="also print lakeshard's Spark jobs per curate step (event log)")
     ap.add_argument("--work", default=None, help="folder for photos and outputs (temp)")
+    ap.add_argument("--code", action="append", default=[], type=Path, metavar="PATH",
+                    help="a checkout of other code (a git worktree) for another side, "
+                    "lakeshard@<folder name>, in every round")
     ap.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting (spark.*) or a lakeshard one (section.key, "
                     "a YAML value) for a third side, lakeshard*, in every round")
@@ -294,11 +311,14 @@ def main() -> None:
             settings = ", ".join(f"{k}={v}" for k, v in variant.items())
             print(f"lakeshard* = lakeshard with {settings}")
         print()
-        print(f"{'round':<6} {'side':<12} {'stage s':>8} {'command s':>9} {'images':>7} "
+        # lakeshard's sides: their settings over the defaults, a file-name tag, the code.
+        lakeshards = {"lakeshard": ({}, "", REPO),
+                      **({"lakeshard*": (variant, "-variant", REPO)} if variant else {}),
+                      **{f"lakeshard@{c.resolve().name}": ({}, f"-at-{c.resolve().name}",
+                                                           c.resolve()) for c in args.code}}
+        width = max(12, *(len(side) for side in lakeshards))
+        print(f"{'round':<6} {'side':<{width}} {'stage s':>8} {'command s':>9} {'images':>7} "
               f"{'images/s (stage)':>17}")
-        # lakeshard's sides: their Spark settings over the defaults, and a file-name tag.
-        lakeshards = {"lakeshard": ({}, ""), **({"lakeshard*": (variant, "-variant")}
-                                                if variant else {})}
         sides = ("img2dataset", *lakeshards)
         results: dict[str, list[dict]] = {side: [] for side in sides}
         for rnd in range(args.rounds):
@@ -306,12 +326,12 @@ def main() -> None:
                 if side == "img2dataset":
                     r = run_img2dataset(exe, urls, work / "i2d-out", args)
                 else:
-                    settings, tag = lakeshards[side]
-                    r = run_lakeshard(urls, work, rnd, args, settings, tag)
+                    settings, tag, code = lakeshards[side]
+                    r = run_lakeshard(urls, work, rnd, args, settings, tag, code)
                 if r["images"] != args.n:
                     raise SystemExit(f"{side} wrote {r['images']} of {args.n} images")
                 results[side].append(r)
-                print(f"{rnd + 1:<6} {side:<12} {r['stage']:>8.1f} {r['wall']:>9.1f} "
+                print(f"{rnd + 1:<6} {side:<{width}} {r['stage']:>8.1f} {r['wall']:>9.1f} "
                       f"{r['images']:>7} {r['images'] / r['stage']:>17.1f}", flush=True)
     finally:
         server.stop()
@@ -323,11 +343,13 @@ def main() -> None:
           f"load {_load()} at the end")
     print(f"lakeshard / img2dataset: {ls / i2d:.2f} (curate stage), "
           f"{ls_cmd / i2d:.2f} (whole command)")
-    if variant:
-        other = best["lakeshard*"]
-        print(f"lakeshard* / img2dataset: {args.n / other['stage'] / i2d:.2f} (curate stage), "
-              f"{args.n / other['wall'] / i2d:.2f} (whole command); best stage "
-              f"{other['stage']:.1f} s against lakeshard's {best['lakeshard']['stage']:.1f} s")
+    for side in lakeshards:
+        if side != "lakeshard":
+            other = best[side]
+            print(f"{side} / img2dataset: {args.n / other['stage'] / i2d:.2f} (curate stage), "
+                  f"{args.n / other['wall'] / i2d:.2f} (whole command); best stage "
+                  f"{other['stage']:.1f} s against lakeshard's "
+                  f"{best['lakeshard']['stage']:.1f} s")
 
 
 if __name__ == "__main__":

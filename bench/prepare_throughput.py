@@ -1,10 +1,12 @@
 """Benchmark: the image-preparation stage in local Spark vs a bare multiprocess loop.
 
-Every side decodes and re-encodes the same images as JPEG q92 with the same library
-(Pillow's libjpeg-turbo) on the same number of cores, in one run:
+Every side decodes and re-encodes the same images as JPEG q92 with the same libraries
+(libjpeg-turbo under simplejpeg and Pillow) on the same number of cores, in one run:
 
-* bare   -- multiprocessing.Pool(cores) over the image bytes: open, convert to RGB,
-            save JPEG q92. Nothing else: the libjpeg-turbo ceiling on this machine.
+* bare   -- multiprocessing.Pool(cores) over the image bytes: a colour JPEG decoded by
+            simplejpeg into a buffer Pillow wraps (as lakeshard decodes it), anything
+            else opened and converted to RGB by Pillow; saved as JPEG q92 by Pillow.
+            Nothing else: the libjpeg-turbo ceiling on this machine.
 * stage  -- lakeshard's prepare stage: parquet of image bytes -> Spark -> the batch
             function curate's tasks run (fetch -- nothing to fetch here --, decode,
             orientation, colour, JPEG, sha256 of source and JPEG, dHash, flags), the
@@ -78,10 +80,21 @@ def make_images(n: int, megapixels: list[float] = MEGAPIXELS) -> list[bytes]:
     return out
 
 
-def bare(data: bytes) -> int:
+def decode(data: bytes):
+    """The fastest decode to 8-bit RGB pixels here: libjpeg-turbo (simplejpeg) straight
+    into Pillow's layout for a colour JPEG, Pillow otherwise."""
+    import simplejpeg
     from PIL import Image
 
-    im = Image.open(io.BytesIO(data)).convert("RGB")
+    im = Image.open(io.BytesIO(data))
+    if im.format == "JPEG" and im.mode == "RGB":
+        pixels = simplejpeg.decode_jpeg(data, colorspace="RGBX")
+        return Image.frombuffer("RGBX", im.size, pixels, "raw", "RGBX", 0, 1)
+    return im.convert("RGB")
+
+
+def bare(data: bytes) -> int:
+    im = decode(data)
     buf = io.BytesIO()
     im.save(buf, format="JPEG", quality=92)
     return im.width * im.height
@@ -236,11 +249,11 @@ def profile_set(name: str, args) -> None:
 
     megapixels, default_n = SETS[name]
     images = make_images(args.images or default_n, megapixels)
-    decoded = [Image.open(io.BytesIO(b)).convert("RGB") for b in images]
+    decoded = [decode(b) for b in images]
     encoded = [prepare_image(b, PrepareConfig()).image for b in images]
     opts = PrepareConfig(threads=1)
 
-    def decode(data: bytes) -> None:
+    def pillow_decode(data: bytes) -> None:
         Image.open(io.BytesIO(data)).load()
 
     import pandas as pd
@@ -248,6 +261,7 @@ def profile_set(name: str, args) -> None:
     batch = pd.Series(images)
     pieces = {
         "decode": lambda: [decode(b) for b in images],
+        "  Pillow's own decode, for comparison": lambda: [pillow_decode(b) for b in images],
         "bare decode + JPEG q92": lambda: [bare(b) for b in images],
         "prepare_image": lambda: [prepare_image(b, opts) for b in images],
         "  of which dHash": lambda: [dhash64(im) for im in decoded],

@@ -260,3 +260,77 @@ def test_a_batch_with_rejects_keeps_every_dhash_exact():
     assert [None if pd.isna(g) else int(g) for g in got] == want
     assert all(w is None or -(2**63) <= w < 2**63 for w in want)
     assert any(w is not None and abs(w) > 2**53 for w in want)  # beyond float precision
+
+
+def _colour_jpegs() -> dict[str, tuple[bytes, PrepareConfig]]:
+    """Colour JPEGs of the kinds the web serves, with the options to prepare them."""
+    from skimage import data
+
+    photo = Image.fromarray(data.coffee()).resize((300, 200))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    # The same primaries under a name without "sRGB": converted through LittleCMS.
+    renamed = srgb.replace("sRGB".encode("utf-16-be"), "wRGB".encode("utf-16-be"))
+    plain = PrepareConfig(min_side=8)
+    return {
+        "baseline 4:2:0": (_save(photo, "JPEG", quality=90), plain),
+        "4:4:4": (_save(photo, "JPEG", quality=90, subsampling="4:4:4"), plain),
+        "progressive": (_save(photo, "JPEG", quality=80, progressive=True), plain),
+        "with a comment": (_save(photo, "JPEG", comment=b"kept by the re-encode"), plain),
+        "exif rotated": (_save(photo, "JPEG", exif=exif), plain),
+        "srgb profile": (_save(photo, "JPEG", icc_profile=srgb), plain),
+        "other profile": (_save(photo, "JPEG", icc_profile=renamed), plain),
+        "resized": (_save(photo, "JPEG"), PrepareConfig(min_side=8, max_side=256)),
+    }
+
+
+def test_colour_jpegs_decoded_by_simplejpeg_prepare_exactly_as_by_pillow(monkeypatch):
+    """A colour JPEG is decoded by simplejpeg, into a buffer Pillow wraps: the stored
+    JPEG, its hashes, size and flags are the ones Pillow's own decoder gives, whatever
+    the JPEG carries (orientation, profiles, a comment) or the options ask (resize)."""
+    import simplejpeg
+
+    decode = simplejpeg.decode_jpeg
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return decode(*args, **kwargs)
+
+    def refuse(*args, **kwargs):
+        raise ValueError("refused by the test: Pillow decodes")
+
+    cases = _colour_jpegs()
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", counted)
+    fast = {name: prepare_image(data, opts) for name, (data, opts) in cases.items()}
+    assert len(calls) == len(cases)  # every one of them took the simplejpeg decode
+    monkeypatch.setattr(simplejpeg, "decode_jpeg", refuse)
+    for name, (data, opts) in cases.items():
+        by_pillow = prepare_image(data, opts)
+        assert by_pillow.status == "ok", name
+        assert fast[name] == by_pillow, name
+    # The options and the metadata did their work on the simplejpeg path too.
+    assert "exif_rotated" in fast["exif rotated"].flags
+    assert "icc_converted" in fast["other profile"].flags
+    assert "icc_converted" not in fast["srgb profile"].flags
+    assert (fast["resized"].width, "resized" in fast["resized"].flags) == (256, True)
+    assert _decode(fast["with a comment"].image).info["comment"] == b"kept by the re-encode"
+
+
+def test_a_jpeg_simplejpeg_refuses_gets_pillows_verdict():
+    """simplejpeg's strict mode fails on any libjpeg warning; Pillow then decodes, so a
+    truncated JPEG is still `truncated` and one with stray bytes between its segments
+    (a warning Pillow lets pass) is still prepared."""
+    import simplejpeg
+
+    data = _save(_photo((96, 64)), "JPEG", quality=90)
+    with pytest.raises(ValueError):
+        simplejpeg.decode_jpeg(data[: len(data) // 2])
+    assert prepare_image(data[: len(data) // 2], OPTS).reason == "truncated"
+    sos = data.index(b"\xff\xda")
+    stray = data[:sos] + b"\x00\x00\x00" + data[sos:]  # "extraneous bytes before marker"
+    with pytest.raises(ValueError):
+        simplejpeg.decode_jpeg(stray)
+    out, _ = _ok(stray)
+    assert out.image == prepare_image(data, OPTS).image

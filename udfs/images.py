@@ -163,6 +163,35 @@ def dhash64(im) -> int:
     return value - (1 << 64) if value >= (1 << 63) else value
 
 
+def _decoded(im, data: bytes):
+    """`im` (opened from `data`, no pixel read yet) with its pixels decoded.
+
+    A colour JPEG is decoded by libjpeg-turbo through simplejpeg, straight into RGBX --
+    Pillow's own layout for RGB, which Pillow wraps without a copy. The pixels are the
+    ones Pillow's decoder gives (the same library, DCT and upsampling), the header and
+    metadata are still Pillow's (`info`: orientation, ICC profile, the comment a JPEG
+    save keeps), and the decode takes about a quarter less CPU: it skips Pillow's
+    chunked feeding and its copy of every row into its own layout. Anything else, and a
+    JPEG simplejpeg does not decode cleanly (its strict mode fails on any libjpeg
+    warning: a truncated or corrupt stream), is decoded by Pillow, whose verdict on bad
+    data stays the one recorded."""
+    from PIL import Image
+
+    if im.format == "JPEG" and im.mode == "RGB":
+        import simplejpeg
+
+        try:
+            pixels = simplejpeg.decode_jpeg(data, colorspace="RGBX")
+        except ValueError:
+            pixels = None  # Pillow decodes it, or says why it cannot
+        if pixels is not None and pixels.shape[1::-1] == im.size:
+            out = Image.frombuffer("RGBX", im.size, pixels, "raw", "RGBX", 0, 1)
+            out.info = dict(im.info)
+            return out
+    im.load()
+    return im
+
+
 def _filters(w: int, h: int, opts: PrepareConfig) -> tuple[bool, str | None]:
     if min(w, h) < opts.min_side:
         return False, "too_small"
@@ -174,7 +203,7 @@ def _filters(w: int, h: int, opts: PrepareConfig) -> tuple[bool, str | None]:
 def _to_srgb(im, flags: list[str]):
     """Convert an embedded ICC profile to sRGB; leave sRGB and profile-less images."""
     icc = im.info.get("icc_profile")
-    if not icc or im.mode not in ("RGB", "RGBA", "CMYK", "L", "LA"):
+    if not icc or im.mode not in ("RGB", "RGBX", "RGBA", "CMYK", "L", "LA"):
         return im
     from PIL import ImageCms
 
@@ -183,7 +212,8 @@ def _to_srgb(im, flags: list[str]):
         if "srgb" in (ImageCms.getProfileDescription(src) or "").lower():
             return im
         out_mode = "RGBA" if im.mode in ("RGBA", "LA") else "RGB"
-        base = im.convert("RGBA") if im.mode == "LA" else im
+        base = (im.convert("RGBA") if im.mode == "LA" else im.convert("RGB") if im.mode == "RGBX"
+                else im)
         converted = ImageCms.profileToProfile(
             base, src, ImageCms.createProfile("sRGB"), outputMode=out_mode
         )
@@ -197,7 +227,8 @@ def _to_srgb(im, flags: list[str]):
 
 
 def _to_rgb(im, flags: list[str]):
-    """8-bit RGB; transparency is composited on white."""
+    """8-bit RGB (or RGBX, the decoder's buffer: the same pixels, as Pillow lays RGB out
+    in memory); transparency is composited on white."""
     from PIL import Image
 
     raise_point("prepare:convert")
@@ -217,7 +248,7 @@ def _to_rgb(im, flags: list[str]):
             flags.append("has_alpha")
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
-    return im if im.mode == "RGB" else im.convert("RGB")
+    return im if im.mode in ("RGB", "RGBX") else im.convert("RGB")
 
 
 def _can_pass_through(im, data: bytes, opts: PrepareConfig) -> bool:
@@ -285,7 +316,9 @@ def prepare_image(data: bytes | None, opts: PrepareConfig) -> PreparedImage:
             # DCT-domain downscale while decoding: far cheaper than a full decode.
             scale = opts.max_side / max(ow, oh)
             im.draft(im.mode, (int(ow * scale) + 1, int(oh * scale) + 1))
-        im.load()
+            im.load()
+        else:
+            im = _decoded(im, data)
         orientation = im.getexif().get(0x0112, 1)
         if orientation != 1:
             im = ImageOps.exif_transpose(im)

@@ -41,6 +41,7 @@ PRELOAD = (
     "pyarrow",
     "pyarrow.compute",
     "PIL.Image",
+    "simplejpeg",
     "pyspark.sql.pandas.serializers",
     "etl.transforms.prepare_task",
 )
