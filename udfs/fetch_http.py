@@ -17,6 +17,11 @@
 * **Politeness.** Per host: at most ``fetch.per_host`` requests in flight across the
   threads of a Python worker, and, when the source sets ``per_host_rps``, requests
   spaced at least ``1/rps`` apart. Every hop counts against its own host.
+* **Connections kept open.** A response read to its end from a server that keeps the
+  connection open (HTTP/1.1) leaves the connection for the next request to the same
+  host, port and resolved addresses under the same address policy (:class:`_Idle`): no
+  new TCP or TLS handshake per image from one host. Each request on it still has its
+  own deadline; one the server closed while it was idle is replaced by a new one.
 * **Opt-out.** ``X-Robots-Tag`` directives (``noai``, ``noimageai``, ``noindex``,
   ``noimageindex`` by default; ``none`` implies ``noindex``) on the image's response,
   unscoped or scoped to a user agent that names this fetcher, make the row
@@ -33,6 +38,7 @@ import functools
 import http.client
 import io
 import ipaddress
+import os
 import re
 import socket
 import ssl
@@ -261,6 +267,64 @@ _GATE = _HostGate()
 _PACER = _HostPacer()
 
 
+# ------------------------------------------------------- connections kept open
+
+_IDLE_S = 4.0  # an idle connection older than this is closed, not reused (servers close
+# theirs after 5-75 s idle; one closed sooner is replaced on first use anyway)
+_IDLE_MAX = 64  # idle connections a Python worker keeps, over all hosts
+
+
+class _Idle:
+    """Open connections between requests, per key (scheme, host, port, the addresses the
+    host resolved to, the address policy), at most :data:`_IDLE_MAX` over all keys: a
+    request takes one of its key's (the newest) or opens its own, and gives it back only
+    once its response was read to the end on a connection the server keeps open. Keyed
+    by the resolution and the policy, a connection is reused only where a new one would
+    connect to the same address under the same check. Per process: a forked child
+    starts with none."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conns: dict[tuple, list[tuple[float, http.client.HTTPConnection]]] = {}
+        self._count = 0
+        self._pid = os.getpid()
+
+    def take(self, key: tuple) -> http.client.HTTPConnection | None:
+        old: list[http.client.HTTPConnection] = []
+        conn = None
+        with self._lock:
+            self._forked()
+            idle = self._conns.get(key, [])
+            while idle and conn is None:
+                since, c = idle.pop()
+                self._count -= 1
+                if time.monotonic() - since <= _IDLE_S:
+                    conn = c
+                else:
+                    old.append(c)
+            if not idle:
+                self._conns.pop(key, None)
+        for c in old:
+            c.close()
+        return conn
+
+    def give(self, key: tuple, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            self._forked()
+            if self._count < _IDLE_MAX:
+                self._conns.setdefault(key, []).append((time.monotonic(), conn))
+                self._count += 1
+                return
+        conn.close()
+
+    def _forked(self) -> None:
+        if self._pid != os.getpid():  # the parent's sockets are not this process's
+            self._conns, self._count, self._pid = {}, 0, os.getpid()
+
+
+_IDLE = _Idle()
+
+
 # ------------------------------------------------------------------------ opt-out
 
 # Directives whose value contains a colon: not a user-agent scope.
@@ -393,12 +457,14 @@ def _connection(scheme: str, host: str, port: int, opts: FetchConfig, deadline: 
         conn = http.client.HTTPConnection(host, port, timeout=opts.timeout_s)
 
     def connect(address, timeout, source_address=None):
-        left = max(0.001, min(timeout, deadline - time.monotonic()))
+        left = max(0.001, min(timeout, conn.deadline - time.monotonic()))
         return guarded_connection(address[0], address[1], left, allow, addresses)
 
-    def make_file(sock):
-        raw = _DeadlineReader(sock, deadline, opts.timeout_s)
+    def make_file(sock):  # per response: the deadline of the request it answers
+        raw = _DeadlineReader(sock, conn.deadline, opts.timeout_s)
         return _HeaderCap(io.BufferedReader(raw, _CHUNK), opts.max_header_bytes)
+
+    conn.deadline = deadline  # set again by each request a kept connection serves
 
     # http.client opens its socket through this attribute (HTTPS wraps the result in
     # TLS for the host name): the one place every connection is made.
@@ -507,17 +573,27 @@ def _target(url: str) -> tuple[str, str, int, str]:
 def _request(target: tuple[str, str, int, str], opts: FetchConfig, rules: RefRules,
              rng: tuple[int, int] | None, addresses: list[tuple[int, tuple]] | None = None
              ) -> tuple[FetchResult | None, str | None]:
-    """One request (no redirect followed): its result, or the redirect's Location."""
+    """One request (no redirect followed): its result, or the redirect's Location. On a
+    connection kept open from an earlier request when there is one (:class:`_Idle`;
+    only with `addresses`, what the host resolved to for this request)."""
     scheme, host, port, path = target
     headers = {"User-Agent": opts.user_agent, "Accept": "image/*,*/*;q=0.5",
-               "Accept-Encoding": "identity", "Connection": "close"}
+               "Accept-Encoding": "identity"}
     if rng is not None:
         headers["Range"] = f"bytes={rng[0]}-{rng[0] + rng[1] - 1}"
     deadline = time.monotonic() + opts.timeout_s
-    conn = _connection(scheme, host, port, opts, deadline, addresses)
+    key = None if addresses is None else (
+        scheme, host, port, tuple(a for _, a in addresses), tuple(opts.allow_networks))
+    conn = None if key is None else _IDLE.take(key)
+    kept = False
     try:
-        conn.request("GET", path, headers=headers)
-        resp = conn.getresponse()
+        resp = None if conn is None else _on_kept(conn, path, headers, deadline, opts)
+        if resp is None:
+            if conn is not None:
+                conn.close()
+            conn = _connection(scheme, host, port, opts, deadline, addresses)
+            conn.request("GET", path, headers=headers)
+            resp = conn.getresponse()
         if resp.status in _REDIRECTS:
             location = resp.getheader("Location")
             if not location:
@@ -530,9 +606,32 @@ def _request(target: tuple[str, str, int, str], opts: FetchConfig, rules: RefRul
                            agent_tokens(opts.user_agent), frozenset(opts.opt_out_directives))
             if said is not None:
                 return FetchResult(None, "opted_out", said), None
-        return _body(resp, opts, rng is not None), None
+        res = _body(resp, opts, rng is not None)
+        # Read to its end (a chunked body closes itself; a sized one is at length 0),
+        # and the server keeps the connection: the next request's.
+        kept = (key is not None and res.status == "ok" and not resp.will_close
+                and (resp.isclosed() or resp.length == 0) and conn.sock is not None)
+        if kept:
+            resp.close()  # the connection is ready for its next request
+        return res, None
     finally:
-        conn.close()
+        if kept:
+            _IDLE.give(key, conn)
+        elif conn is not None:
+            conn.close()
+
+
+def _on_kept(conn: http.client.HTTPConnection, path: str, headers: dict, deadline: float,
+             opts: FetchConfig) -> http.client.HTTPResponse | None:
+    """The response to this request sent on a kept connection, under its own deadline;
+    None where the server closed the connection while it was idle (no answer read)."""
+    conn.deadline = deadline
+    conn.sock.settimeout(max(0.001, min(opts.timeout_s, deadline - time.monotonic())))
+    try:
+        conn.request("GET", path, headers=headers)
+        return conn.getresponse()
+    except ConnectionError:  # reset, broken pipe, or closed before a status line
+        return None
 
 
 def classify_error(exc: BaseException) -> FetchResult:
