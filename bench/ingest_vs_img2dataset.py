@@ -24,10 +24,15 @@ Rounds alternate img2dataset, lakeshard, img2dataset, ... so drift on a noisy ma
 hits both alike; each round's figures are printed, then the best of each and the ratio
 lakeshard / img2dataset in images per second. Both sides must end with N images
 written (img2dataset's `successes`, lakeshard's `accepted`), or the bench fails.
+Beside the times, each round's CPU seconds of the whole command's process tree
+(sampled from /proc every 0.1 s: img2dataset's processes; lakeshard's driver, JVM and
+Python workers; not the server's) and per image: what each side costs whatever the
+cores, and steadier than the wall clock on a machine whose speed drifts.
 
     .venv/bin/python bench/ingest_vs_img2dataset.py               # 2,000 URLs, 2 rounds
     .venv/bin/python bench/ingest_vs_img2dataset.py --n 200 --rounds 1   # a quick look
     .venv/bin/python bench/ingest_vs_img2dataset.py --jobs   # + Spark jobs per curate step
+    .venv/bin/python bench/ingest_vs_img2dataset.py --fetch-cpu  # + the fetchers' CPU alone
     .venv/bin/python bench/ingest_vs_img2dataset.py \
         --variant spark.python.daemon.module=pyspark.daemon   # a setting against the default
 
@@ -54,6 +59,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -151,6 +157,105 @@ def img2dataset_bin() -> Path:
     return exe
 
 
+def _tree_cpu(root: int) -> dict[int, float]:
+    """CPU seconds (user + system) so far of `root` and every process below it, by pid,
+    from /proc (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    children: dict[int, list[int]] = {}
+    cpu: dict[int, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone since the listing
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    out, todo = {}, [root]
+    while todo:
+        pid = todo.pop()
+        if pid in cpu:
+            out[pid] = cpu[pid]
+            todo.extend(children.get(pid, ()))
+    return out
+
+
+def run_measured(cmd: list[str], **kwargs) -> tuple[float, float | None]:
+    """Run `cmd` to its end: (wall seconds, CPU seconds of its whole process tree).
+
+    The CPU is sampled from /proc every 0.1 s while it runs -- the last figure seen of
+    each process below it (Spark's JVM is not reaped by lakeshard's driver, so the
+    children's rusage would miss it and its Python workers); a process that lives less
+    than 0.1 s is missed. None where there is no /proc."""
+    seen: dict[int, float] = {}
+    done = threading.Event()
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, **kwargs)
+    measure = os.path.isdir("/proc/self")
+
+    def sample() -> None:
+        while not done.wait(0.1):
+            seen.update(_tree_cpu(proc.pid))
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    if measure:
+        sampler.start()
+    try:
+        rc = proc.wait()
+    finally:
+        done.set()
+        if measure:
+            sampler.join()
+    wall = time.monotonic() - t0
+    if rc:
+        raise subprocess.CalledProcessError(rc, cmd)
+    return wall, (sum(seen.values()) if measure else None)
+
+
+def fetch_cpu(urls: list[str], passes: int = 3) -> dict[str, float]:
+    """CPU milliseconds per URL of fetching `urls` in this process, best of `passes`
+    alternating: lakeshard's fetcher (`udfs.fetch.fetch_many`, batches of 100 as a task's
+    Arrow batches come, `fetch.threads` 16, the per-host limit 16, connections kept
+    between requests as a Python worker keeps them) and urllib's `urlopen` on 16 threads,
+    a new connection per URL (how img2dataset downloads)."""
+    import resource
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    from etl.config import FetchConfig, SourceConfig
+    from udfs.fetch import fetch_many, rules_for
+
+    opts = FetchConfig(allow_networks=["127.0.0.1/32"], per_host=16, threads=16)
+    rules = rules_for(SourceConfig(name="web", kind="table", path=str(REPO), format="parquet",
+                                   columns={"key": "key", "url": "url"}))
+
+    def lakeshard() -> None:
+        for i in range(0, len(urls), 100):
+            batch = urls[i:i + 100]
+            got = fetch_many(batch, [None] * len(batch), [None] * len(batch), opts,
+                             [rules] * len(batch))
+            assert all(r.status == "ok" for r in got), [r for r in got if r.status != "ok"][:1]
+
+    def urllib_get(url: str) -> bytes:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            return resp.read()
+
+    pool = ThreadPoolExecutor(16)
+    sides = {"lakeshard fetcher": lakeshard,
+             "urllib, 16 threads": lambda: list(pool.map(urllib_get, urls))}
+    best = {name: float("inf") for name in sides}
+    for _ in range(passes):
+        for name, fn in sides.items():
+            r0 = resource.getrusage(resource.RUSAGE_SELF)
+            fn()
+            r1 = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+            best[name] = min(best[name], cpu / len(urls) * 1e3)
+    pool.shutdown()
+    return best
+
+
 def run_img2dataset(exe: Path, urls: Path, out: Path, args) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     cmd = [str(exe), "--url_list", str(urls), "--input_format", "parquet",
@@ -160,12 +265,10 @@ def run_img2dataset(exe: Path, urls: Path, out: Path, args) -> dict:
            "--encode_quality", "92", "--encode_format", "jpg", "--retries", "0",
            "--timeout", "10", "--number_sample_per_shard", "1000",
            "--distributor", "multiprocessing", "--enable_wandb", "False"]
-    t0 = time.monotonic()
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                   env={**os.environ, "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1"})
-    wall = time.monotonic() - t0
+    wall, cpu = run_measured(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             env={**os.environ, "no_proxy": "127.0.0.1", "NO_PROXY": "127.0.0.1"})
     ok = sum(json.loads(p.read_text())["successes"] for p in out.glob("*_stats.json"))
-    return {"wall": wall, "stage": wall, "images": ok}
+    return {"wall": wall, "stage": wall, "images": ok, "cpu": cpu}
 
 
 def lakeshard_config(urls: Path, root: Path, args) -> dict:
@@ -231,12 +334,10 @@ def run_lakeshard(urls: Path, work: Path, rnd: int, args, spark_conf: dict | Non
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(code), env.get("PYTHONPATH"))
                                             if p)
     conf.write_text(yaml.safe_dump(raw))
-    t0 = time.monotonic()
     with open(work / f"lakeshard{tag}-{rnd}.log", "wb") as log:
-        subprocess.run([str(REPO / ".venv" / "bin" / "python"), "-m", "etl.cli", "--conf",
-                        str(conf), "run", "--only", "curate"], check=True, stdout=log,
-                       stderr=log, cwd=work, env=env)
-    wall = time.monotonic() - t0
+        wall, cpu = run_measured([str(REPO / ".venv" / "bin" / "python"), "-m", "etl.cli",
+                                  "--conf", str(conf), "run", "--only", "curate"],
+                                 stdout=log, stderr=log, cwd=work, env=env)
     (events,) = root.glob("reports/*/events.jsonl")
     rows = [json.loads(line) for line in events.read_text().splitlines()]
     end = next(e for e in rows if e["event"] == "stage_end" and e["stage"] == "curate")
@@ -247,7 +348,7 @@ def run_lakeshard(urls: Path, work: Path, rnd: int, args, spark_conf: dict | Non
         print(f"       Spark jobs of lakeshard{tag} round {rnd + 1}, by step:")
         for desc, n, secs in _job_steps(events_dir):
             print(f"         {secs:>6.1f} s {n:>3} jobs  {desc[:90]}")
-    return {"wall": wall, "stage": end["seconds"], "images": accepted}
+    return {"wall": wall, "stage": end["seconds"], "images": accepted, "cpu": cpu}
 
 
 def _load() -> str:
@@ -269,6 +370,9 @@ def main() -> None:
     ap.add_argument("--jobs", action="store_true",
                     help="also print lakeshard's Spark jobs per curate step (event log)")
     ap.add_argument("--work", default=None, help="folder for photos and outputs (temp)")
+    ap.add_argument("--fetch-cpu", action="store_true",
+                    help="first, the CPU per URL of lakeshard's fetcher and of urllib "
+                    "(img2dataset's), in this process, on the same server")
     ap.add_argument("--code", action="append", default=[], type=Path, metavar="PATH",
                     help="a checkout of other code (a git worktree) for another side, "
                     "lakeshard@<folder name>, in every round")
@@ -307,6 +411,10 @@ def main() -> None:
         print(f"server: {server.kind} on 127.0.0.1:{server.port}; {os.cpu_count()} cores; "
               f"img2dataset {args.processes} x {args.threads}; lakeshard local[{args.cores}]"
               f", fetch.per_host {args.per_host}; load {_load()} at the start")
+        if args.fetch_cpu:
+            cpu = fetch_cpu([server.url(n) for n in names])
+            print("fetch only, CPU ms per URL in one process, best of 3: " + ", ".join(
+                f"{name} {ms:.2f}" for name, ms in cpu.items()))
         if variant:
             settings = ", ".join(f"{k}={v}" for k, v in variant.items())
             print(f"lakeshard* = lakeshard with {settings}")
@@ -318,7 +426,7 @@ def main() -> None:
                                                            c.resolve()) for c in args.code}}
         width = max(12, *(len(side) for side in lakeshards))
         print(f"{'round':<6} {'side':<{width}} {'stage s':>8} {'command s':>9} {'images':>7} "
-              f"{'images/s (stage)':>17}")
+              f"{'images/s (stage)':>17} {'CPU s':>6} {'CPU ms/image':>12}")
         sides = ("img2dataset", *lakeshards)
         results: dict[str, list[dict]] = {side: [] for side in sides}
         for rnd in range(args.rounds):
@@ -331,8 +439,11 @@ def main() -> None:
                 if r["images"] != args.n:
                     raise SystemExit(f"{side} wrote {r['images']} of {args.n} images")
                 results[side].append(r)
+                cpu = ("-", "-") if r["cpu"] is None else (
+                    f"{r['cpu']:.1f}", f"{r['cpu'] / r['images'] * 1e3:.2f}")
                 print(f"{rnd + 1:<6} {side:<{width}} {r['stage']:>8.1f} {r['wall']:>9.1f} "
-                      f"{r['images']:>7} {r['images'] / r['stage']:>17.1f}", flush=True)
+                      f"{r['images']:>7} {r['images'] / r['stage']:>17.1f} {cpu[0]:>6} "
+                      f"{cpu[1]:>12}", flush=True)
     finally:
         server.stop()
     best = {side: min(rs, key=lambda r: r["stage"]) for side, rs in results.items()}
@@ -343,6 +454,13 @@ def main() -> None:
           f"load {_load()} at the end")
     print(f"lakeshard / img2dataset: {ls / i2d:.2f} (curate stage), "
           f"{ls_cmd / i2d:.2f} (whole command)")
+    if all(r["cpu"] is not None for rs in results.values() for r in rs):
+        # CPU per image of the whole command (start-up included), the least of the rounds:
+        # what each side costs on any number of cores, less swayed than the wall clock by
+        # a machine whose speed drifts.
+        print("CPU ms per image, whole command, least of the rounds: " + ", ".join(
+            f"{side} {min(r['cpu'] for r in rs) / args.n * 1e3:.2f}"
+            for side, rs in results.items()))
     for side in lakeshards:
         if side != "lakeshard":
             other = best[side]
