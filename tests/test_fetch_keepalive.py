@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from conftest import jpeg_bytes
 
 from etl.config import FetchConfig
+from udfs import fetch_http
 from udfs.fetch import fetch_ref
 
 IMAGE = jpeg_bytes()
@@ -63,16 +65,24 @@ class _Handler(BaseHTTPRequestHandler):
             self.close_connection = True
 
 
-@pytest.fixture
-def server():
+@contextmanager
+def _serving():
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
     httpd.daemon_threads = True
     httpd.seen = []
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
-    yield httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    try:
+        yield httpd, f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    with _serving() as served:
+        yield served
 
 
 def _connections(httpd) -> int:
@@ -126,3 +136,16 @@ def test_a_kept_connection_is_not_reused_where_the_policy_refuses_its_address(se
     res = fetch_ref(f"{url}/b.jpg", opts=strict)
     assert res.status == "blocked_address"
     assert [path for _, path in httpd.seen] == ["/a.jpg"]  # nothing sent
+
+
+def test_a_full_pool_makes_room_for_the_newest_host(server, monkeypatch):
+    """Hosts fetched once must not keep the pool full: the oldest idle one goes."""
+    monkeypatch.setattr(fetch_http, "_IDLE_MAX", 1)
+    monkeypatch.setattr(fetch_http, "_IDLE", fetch_http._Idle())  # none from other tests
+    httpd, url = server
+    with _serving() as (other, other_url):
+        assert fetch_ref(f"{other_url}/a.jpg", opts=OPTS).status == "ok"  # kept: full
+        for name in ("a.jpg", "b.jpg", "c.jpg"):
+            assert fetch_ref(f"{url}/{name}", opts=OPTS).data == IMAGE
+    assert _connections(httpd) == 1  # the other host's connection made room
+    assert fetch_http._IDLE._count == 1  # and the pool stayed at its cap

@@ -276,9 +276,10 @@ _IDLE_MAX = 64  # idle connections a Python worker keeps, over all hosts
 
 class _Idle:
     """Open connections between requests, per key (scheme, host, port, the addresses the
-    host resolved to, the address policy), at most :data:`_IDLE_MAX` over all keys: a
-    request takes one of its key's (the newest) or opens its own, and gives it back only
-    once its response was read to the end on a connection the server keeps open. Keyed
+    host resolved to, the address policy), at most :data:`_IDLE_MAX` over all keys (a
+    full pool drops what idled too long, else its oldest): a request takes one of its
+    key's (the newest) or opens its own, and gives it back only once its response was
+    read to the end on a connection the server keeps open. Keyed
     by the resolution and the policy, a connection is reused only where a new one would
     connect to the same address under the same check. Per process: a forked child
     starts with none."""
@@ -311,11 +312,31 @@ class _Idle:
     def give(self, key: tuple, conn: http.client.HTTPConnection) -> None:
         with self._lock:
             self._forked()
-            if self._count < _IDLE_MAX:
-                self._conns.setdefault(key, []).append((time.monotonic(), conn))
-                self._count += 1
-                return
-        conn.close()
+            old = self._evicted() if self._count >= _IDLE_MAX else []
+            self._conns.setdefault(key, []).append((time.monotonic(), conn))
+            self._count += 1
+        for c in old:
+            c.close()
+
+    def _evicted(self) -> list[http.client.HTTPConnection]:
+        """Room for one more (the lock held): every connection idle too long, else the
+        one idle longest -- hosts seen once do not keep the newer ones out."""
+        now = time.monotonic()
+        out = []
+        for key in list(self._conns):
+            fresh = [(t, c) for t, c in self._conns[key] if now - t <= _IDLE_S]
+            out += [c for t, c in self._conns[key] if now - t > _IDLE_S]
+            if fresh:
+                self._conns[key] = fresh
+            else:
+                del self._conns[key]
+        if not out and self._conns:
+            key = min(self._conns, key=lambda k: self._conns[k][0][0])
+            out.append(self._conns[key].pop(0)[1])
+            if not self._conns[key]:
+                del self._conns[key]
+        self._count -= len(out)
+        return out
 
     def _forked(self) -> None:
         if self._pid != os.getpid():  # the parent's sockets are not this process's
