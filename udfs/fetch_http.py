@@ -279,10 +279,9 @@ class _Idle:
     host resolved to, the address policy), at most :data:`_IDLE_MAX` over all keys (a
     full pool drops what idled too long, else its oldest): a request takes one of its
     key's (the newest) or opens its own, and gives it back only once its response was
-    read to the end on a connection the server keeps open. Keyed
-    by the resolution and the policy, a connection is reused only where a new one would
-    connect to the same address under the same check. Per process: a forked child
-    starts with none."""
+    read to the end on a connection the server keeps open. Keyed by the resolution and
+    the policy, a connection is reused only where a new one would connect to the same
+    address under the same check. Per process: a forked child starts with none."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
