@@ -219,11 +219,110 @@ def test_a_runs_accounting_is_appended_once_and_merged_on_a_repeat(spark, tmp_pa
     merge_accounting(spark, rows("r1", 5), path)  # creates the table (Spark)
     merge_accounting(spark, rows("r2", 7), path)
     merge_accounting(spark, rows("r2", 7), path)  # the same run again
+    # As an Arrow table built on the driver: a new run appended, a repeat MERGEd.
+    merge_accounting(spark, rows("r3", 2).toArrow(), path)
+    merge_accounting(spark, rows("r3", 2).toArrow(), path)
     history = DeltaTable(path).history()
     appends = [h for h in history if h["operation"] == "WRITE"
                and h.get("engineInfo", "").startswith("delta-rs")]
-    assert len(appends) == 2  # r1 and r2 once each; the repeat was not appended
+    assert len(appends) == 3  # r1, r2 and r3 once each; the repeats were not appended
     got = sorted((r.run_id, r.status, r["count"], r.run_at) for r in
                  spark.read.format("delta").load(path).collect())
     assert got == [("r1", "accepted", 5, at), ("r1", "rejected", 1, at),
-                   ("r2", "accepted", 7, at), ("r2", "rejected", 1, at)]
+                   ("r2", "accepted", 7, at), ("r2", "rejected", 1, at),
+                   ("r3", "accepted", 2, at), ("r3", "rejected", 1, at)]
+
+
+def _held_rows(with_sha: bool = True) -> pa.Table:
+    """Prepared rows as the driver holds them after a night's job (Arrow, as ``toArrow``
+    types them): every manifest column, plus occurrence and the outcome columns.
+    (sample_id, occurrence, status, stage, reason)"""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    outcomes = [("a", 1, "ok", "prepare", None),
+                ("b", 1, "rejected", "prepare", "truncated"),
+                ("b", 2, "rejected", "ingest", "duplicate_key"),  # a second copy: left out
+                ("c", 1, "rejected", "fetch", None),               # no reason: "unknown"
+                ("d", None, "ok", "prepare", None),                # no occurrence: left out
+                ("e", 1, None, "prepare", "x")]                    # no status: rejected
+    arrow = to_arrow_schema(MANIFEST_SCHEMA)
+    n = len(outcomes)
+    columns = {f.name: pa.nulls(n, f.type) for f in arrow}
+    columns.update(
+        sample_id=pa.array([o[0] for o in outcomes]), source=pa.array(["s"] * n),
+        source_key=pa.array([f"k{o[0]}" for o in outcomes]),
+        source_uri=pa.array([f"http://h/{o[0]}.jpg" for o in outcomes]),
+        fingerprint=pa.array([None, "f1", "f1", None, None, None], pa.string()),
+        occurrence=pa.array([o[1] for o in outcomes], pa.int32()),
+        status=pa.array([o[2] for o in outcomes], pa.string()),
+        stage=pa.array([o[3] for o in outcomes], pa.string()),
+        reason=pa.array([o[4] for o in outcomes], pa.string()),
+        run_id=pa.array(["old"] * n), detail=pa.array(["d"] * n))
+    columns["original_sha256"] = pa.array(
+        [f"{c * 64}" for c in "abcdef"], pa.string())
+    if not with_sha:
+        del columns["original_sha256"]
+    return pa.table(columns)
+
+
+def test_manifest_rows_in_arrow_are_the_rows_spark_builds(spark):
+    """The manifest rows curate builds on the driver from rows it holds: the same rows,
+    values and types as ``manifest_rows`` of the same rows as local data in Spark, with
+    or without the source bytes' hash."""
+    from etl.transforms.bronze import manifest_rows_arrow
+
+    for with_sha in (True, False):
+        held = _held_rows(with_sha)
+        mine = manifest_rows_arrow(held, run_id="r1", ingested_at=NOW)
+        theirs = manifest_rows(spark.createDataFrame(held), run_id="r1",
+                               ingested_at=NOW).toArrow()
+        assert mine.column_names == MANIFEST_SCHEMA.fieldNames()
+        assert [f.type for f in mine.schema] == [f.type for f in theirs.schema]
+        key = [("sample_id", "ascending")]
+        assert mine.sort_by(key).to_pylist() == theirs.sort_by(key).to_pylist()
+        rows = {r["sample_id"]: r for r in mine.to_pylist()}
+        assert {k: (r["status"], r["stage"], r["reason"]) for k, r in rows.items()} == {
+            "a": ("accepted", None, None), "b": ("rejected", "prepare", "truncated"),
+            "c": ("rejected", "fetch", "unknown"), "e": ("rejected", None, None)}
+        assert {r["run_id"] for r in rows.values()} == {"r1"}
+        assert {r["removed_at"] for r in rows.values()} == {None}
+        assert rows["b"]["original_sha256"] == ("b" * 64 if with_sha else None)
+
+
+def test_rows_built_on_the_driver_are_appended_and_merged_as_a_frames_are(spark, tmp_path):
+    """Manifest and rejects rows given as Arrow tables: a first batch appended by
+    delta-rs, then records the table holds upserted -- by Spark's MERGE where no driver
+    bound is given (the Arrow rows as the MERGE's source), and by delta-rs."""
+    from etl.transforms.bronze import manifest_rows_arrow
+    from etl.transforms.prepare import rejected_rows_arrow
+    from etl.writers.delta import merge_manifest, merge_rejects
+
+    manifest, rejects = str(tmp_path / "manifest"), str(tmp_path / "rejects")
+    held = _held_rows()
+    merge_manifest(spark, manifest_rows_arrow(held, run_id="r1", ingested_at=NOW), manifest,
+                   driver_bound=100)
+    merge_rejects(spark, rejected_rows_arrow(held, run_id="r1"), rejects, driver_bound=100)
+    # e has no status: the manifest calls it rejected; the rejects table leaves it out,
+    # as Spark's filter does.
+    # The next night: c fetched this time (accepted), a new record f rejected.
+    again = pa.table({
+        **{n: held.column(n).take([3, 3]) for n in held.column_names},
+        "sample_id": pa.array(["c", "f"]), "status": pa.array(["ok", "rejected"]),
+        "reason": pa.array([None, "too_large_bytes"], pa.string()),
+        "occurrence": pa.array([1, 1], pa.int32())})
+    for bound in (0, 100):  # Spark's MERGE, then delta-rs's (the same rows: no change)
+        merge_manifest(spark, manifest_rows_arrow(again, run_id="r2", ingested_at=NOW),
+                       manifest, driver_bound=bound)
+        merge_rejects(spark, rejected_rows_arrow(again, run_id="r2"), rejects,
+                      driver_bound=bound)
+        got = {r.sample_id: (r.status, r.reason, r.run_id)
+               for r in spark.read.format("delta").load(manifest).collect()}
+        assert got == {"a": ("accepted", None, "r1"), "b": ("rejected", "truncated", "r1"),
+                       "c": ("accepted", None, "r2"), "e": ("rejected", None, "r1"),
+                       "f": ("rejected", "too_large_bytes", "r2")}
+        got = sorted((r.sample_id, r.stage, r.reason, r.run_id)
+                     for r in spark.read.format("delta").load(rejects).collect())
+        assert got == [("b", "ingest", "duplicate_key", "r1"),
+                       ("b", "prepare", "truncated", "r1"),
+                       ("c", "fetch", "unknown", "r1"),
+                       ("f", "fetch", "too_large_bytes", "r2")]

@@ -67,6 +67,24 @@ def test_accepted_and_rejected_split_the_rows(spark):
     assert rej == {"id3": "undecodable", "id4": "missing_image", "id5": "empty"}
 
 
+def test_rejected_rows_in_arrow_are_the_rows_spark_builds(spark):
+    """The rejects curate builds on the driver from prepared rows it holds: the rows,
+    values and types ``rejected_rows`` gives for the same rows in Spark."""
+    from etl.transforms.prepare import rejected_rows_arrow
+
+    prepared = _prepared(spark)
+    mine = rejected_rows_arrow(prepared.toArrow(), run_id="r1")
+    theirs = rejected_rows(prepared, run_id="r1").toArrow()
+    assert mine.schema.names == theirs.schema.names
+    assert [f.type for f in mine.schema] == [f.type for f in theirs.schema]
+    key = [("sample_id", "ascending")]
+    assert mine.sort_by(key).to_pylist() == theirs.sort_by(key).to_pylist()
+    assert {r["sample_id"]: (r["stage"], r["reason"], r["run_id"]) for r in mine.to_pylist()
+            } == {"id3": ("prepare", "undecodable", "r1"), "id4": ("ingest", "missing_image",
+                                                                   "r1"),
+                  "id5": ("prepare", "empty", "r1")}
+
+
 def test_outcome_counts_balance(spark):
     rows = outcome_counts(_prepared(spark)).collect()
     counts = {(r.source, r.status, r.reason, r.filter_reason): r["count"] for r in rows}
@@ -106,8 +124,8 @@ def test_failure_examples_put_internal_errors_first_then_the_commonest():
 
 
 def test_outcome_counts_of_local_rows_here_equal_spark_aggregate(spark):
-    from etl.runtime.local import is_local
-    from etl.transforms.prepare import outcome_counts_here
+    from etl.runtime.local import is_local, local_arrow
+    from etl.transforms.prepare import outcome_counts_arrow
 
     rows = [  # source, stage, status, reason, filter_reason, key, detail
         ("s1", "prepare", "ok", None, None, "k1", None),
@@ -133,7 +151,7 @@ def test_outcome_counts_of_local_rows_here_equal_spark_aggregate(spark):
                         None if r.example is None else tuple(r.example)) for r in out),
                       key=repr)
 
-    here = outcome_counts_here(local)
+    here = outcome_counts_arrow(local_arrow(local))
     assert plain(here) == plain(outcome_counts(local).collect())
     assert [r.__fields__ for r in here[:1]] == [outcome_counts(local).columns]
     examples = {r.reason: tuple(r.example) for r in here if r.example is not None}

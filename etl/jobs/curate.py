@@ -49,7 +49,7 @@ from etl.lakehouse.maintenance import (
 )
 from etl.ledger import code_version
 from etl.runtime.faults import fault_point
-from etl.runtime.local import is_local
+from etl.runtime.local import is_local, local_arrow
 from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.runtime.warm import start_python_workers
 from etl.schema import (
@@ -73,6 +73,7 @@ from etl.transforms.bronze import (
     is_retry,
     live,
     manifest_rows,
+    manifest_rows_arrow,
     mark_duplicate_keys,
     mark_unchanged,
     refuse_prepared,
@@ -88,9 +89,9 @@ from etl.transforms.prepare import (
     fetch_and_prepare,
     outcome_counts,
     outcome_counts_arrow,
-    outcome_counts_here,
     prepared_outcomes,
     rejected_rows,
+    rejected_rows_arrow,
 )
 from etl.transforms.prepare_task import FLAG, WRITTEN, RowSink
 from etl.writers.lance import PendingAppend
@@ -527,6 +528,8 @@ class _Prepared:
     # prepared them, to commit (not on the driver)
     fragments: tuple = ()  # what `written`'s tasks wrote, one list per task
     cached: DataFrame | None = None  # the persisted frame `rows` reads (to unpersist)
+    held: pa.Table | None = None  # `rows` as Arrow, where this process holds them: the
+    # bookkeeping's rows are built from it, with no Spark query planned over local data
 
     @classmethod
     def nothing(cls) -> _Prepared:
@@ -591,9 +594,10 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     if diff.on_driver and is_local(prepared):
         # Local data (a few records, on the driver) is read again without a job, and
         # counted here.
-        outcome_rows = outcome_counts_here(prepared)
+        held = local_arrow(prepared)
+        outcome_rows = outcome_counts_arrow(held)
         return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
-                         on_driver=True)
+                         on_driver=True, held=held)
     if _new_records(diff) <= DRIVER_IDS:
         return _collected(spark, prepared, written, budget, on_driver=diff.on_driver)
     prepared = cached = prepared.persist(StorageLevel.MEMORY_AND_DISK)
@@ -649,7 +653,7 @@ def _collected(spark: SparkSession, prepared: DataFrame, written: PendingAppend 
     rows = spark.createDataFrame(table, prepared.schema)
     outcome_rows = outcome_counts_arrow(table)
     return _Prepared(rows, outcome_rows, failure_examples(outcome_rows, budget),
-                     on_driver=on_driver, written=written, fragments=fragments)
+                     on_driver=on_driver, written=written, fragments=fragments, held=table)
 
 
 def _written_fragments(table: pa.Table) -> tuple:
@@ -771,13 +775,18 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
 
 def _record_bronze(cat: Catalog, diff: _Diff, prep: _Prepared, run_id: str,
                    now: datetime) -> None:
-    """MERGE this run's rejects and manifest rows into Delta."""
+    """MERGE this run's rejects and manifest rows into Delta (built in Arrow where this
+    process holds the rows)."""
     if not prep.processed and diff.has_manifest:
         return
-    cat.rejects.merge(rejected_rows(prep.rows, run_id=run_id),
-                      count=prep.processed - prep.accepted)
-    cat.manifest.merge(manifest_rows(prep.rows, run_id=run_id, ingested_at=now),
-                       count=prep.processed, before=diff.manifest)
+    if prep.held is not None:
+        rejects = rejected_rows_arrow(prep.held, run_id=run_id)
+        manifest = manifest_rows_arrow(prep.held, run_id=run_id, ingested_at=now)
+    else:
+        rejects = rejected_rows(prep.rows, run_id=run_id)
+        manifest = manifest_rows(prep.rows, run_id=run_id, ingested_at=now)
+    cat.rejects.merge(rejects, count=prep.processed - prep.accepted)
+    cat.manifest.merge(manifest, count=prep.processed, before=diff.manifest)
 
 
 def _apply_removals(spark: SparkSession, cfg: Config, removals: _Removals, run_id: str,

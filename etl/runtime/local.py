@@ -11,6 +11,7 @@ where the plan folded, and converts the rows to Arrow by the frame's own schema.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -18,7 +19,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-__all__ = ["LOCAL_COLLECT_ROWS", "is_local", "local_arrow", "local_frame"]
+__all__ = ["LOCAL_COLLECT_ROWS", "is_local", "local_arrow", "local_frame", "projected"]
 
 _LOCAL_SCANS = ("LocalTableScanExec", "LocalTableScan")
 
@@ -60,6 +61,23 @@ def local_frame(spark, rows: list, schema: T.StructType) -> DataFrame:
     and filters of it fold into local data (``createDataFrame`` of a Python list makes
     an RDD, which every later action scans in a job)."""
     return spark.createDataFrame(_arrow(rows, schema), schema)
+
+
+def projected(table: pa.Table, schema: T.StructType,
+              computed: Mapping[str, pa.Array | pa.ChunkedArray]) -> pa.Table:
+    """A projection of rows this process holds to `schema`, built here: the Arrow table
+    (as Spark's ``toArrow`` types it) whose columns are `computed`'s where it names them,
+    else `table`'s of the same name -- what a ``select`` over `table` as local data
+    would collect, without planning a Spark query (a few tenths of a second each in a
+    cold driver JVM)."""
+    arrow = to_arrow_schema(schema)
+    columns = []
+    for f in arrow:
+        values = computed[f.name] if f.name in computed else table.column(f.name)
+        if isinstance(values, pa.Array):
+            values = pa.chunked_array([values], values.type)
+        columns.append(values if values.type == f.type else values.cast(f.type))
+    return pa.Table.from_arrays(columns, schema=arrow)
 
 
 def _arrow(rows: list, schema: T.StructType) -> pa.Table:

@@ -17,9 +17,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
+from pyspark.sql import types as T
 
+from etl.runtime.local import projected
 from etl.schema import MANIFEST_SCHEMA, REMOVED
 from udfs.fetch import TRANSIENT_STATUSES
 from udfs.outcomes import INTERNAL_ERROR
@@ -34,6 +38,7 @@ __all__ = [
     "mark_unchanged",
     "mark_duplicate_keys",
     "manifest_rows",
+    "manifest_rows_arrow",
     "live",
     "removed_records",
     "takedown_identifiers",
@@ -159,6 +164,30 @@ def manifest_rows(prepared: DataFrame, *, run_id: str, ingested_at: datetime) ->
         .withColumns(columns)
         .select(*MANIFEST_SCHEMA.fieldNames())
     )
+
+
+def manifest_rows_arrow(prepared: pa.Table, *, run_id: str, ingested_at: datetime
+                        ) -> pa.Table:
+    """:func:`manifest_rows` of prepared rows this process holds (the Arrow table
+    ``toArrow`` gives for them), built here (:func:`~etl.runtime.local.projected`)."""
+    first = prepared.filter(pc.equal(prepared.column("occurrence"), 1))
+    n = first.num_rows
+    ok = pc.equal(first.column("status"), "ok")
+    rejected = pc.invert(ok)  # null where the status is: no stage, no reason (as Spark)
+    none = pa.scalar(None, pa.string())
+    # As Spark stores F.lit(ingested_at): a naive datetime is this process's local time.
+    at = pa.array([T.TimestampType().toInternal(ingested_at)] * n, pa.int64())
+    computed = {
+        "status": pc.if_else(pc.fill_null(ok, False), "accepted", "rejected"),
+        "stage": pc.if_else(rejected, first.column("stage"), none),
+        "reason": pc.if_else(rejected, pc.coalesce(first.column("reason"), "unknown"), none),
+        "run_id": pa.array([run_id] * n, pa.string()),
+        "ingested_at": at.cast(pa.timestamp("us", tz="UTC")),
+        "removed_at": pa.nulls(n, pa.timestamp("us", tz="UTC")),
+    }
+    if "original_sha256" not in first.column_names:
+        computed["original_sha256"] = pa.nulls(n, pa.string())
+    return projected(first, MANIFEST_SCHEMA, computed)
 
 
 def removed_records(manifest: DataFrame, listed: DataFrame, *, sources: Sequence[str],

@@ -12,7 +12,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl.config import FetchConfig, PrepareConfig, SourceConfig
-from etl.runtime.local import local_arrow
+from etl.runtime.local import local_arrow, projected
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
 from etl.transforms.fetch import fetch_outcome, needs_fetch
 from etl.transforms.prepare_task import (
@@ -32,9 +32,8 @@ from udfs.ingest import fetch_prepare_batches
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
-           "curated_columns", "curated_schema",
-           "rejected_rows", "outcome_counts", "outcome_counts_here", "outcome_counts_arrow",
-           "failure_examples"]
+           "curated_columns", "curated_schema", "rejected_rows", "rejected_rows_arrow",
+           "outcome_counts", "outcome_counts_arrow", "failure_examples"]
 
 
 def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[SourceConfig],
@@ -185,6 +184,15 @@ def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
     ).select(*REJECTS_SCHEMA.fieldNames())
 
 
+def rejected_rows_arrow(prepared: pa.Table, *, run_id: str) -> pa.Table:
+    """:func:`rejected_rows` of prepared rows this process holds (the Arrow table
+    ``toArrow`` gives for them), built here (:func:`~etl.runtime.local.projected`)."""
+    rows = prepared.filter(pc.not_equal(prepared.column("status"), "ok"))
+    return projected(rows, REJECTS_SCHEMA, {
+        "reason": pc.coalesce(rows.column("reason"), "unknown"),
+        "run_id": pa.array([run_id] * rows.num_rows, pa.string())})
+
+
 def outcome_counts(prepared: DataFrame, *extra: Column) -> DataFrame:
     """Counts by (source, stage, status, reason, filter_reason): the run's accounting,
     as data. `filter_reason` is set on accepted rows a light filter flagged. Each group
@@ -201,18 +209,11 @@ def outcome_counts(prepared: DataFrame, *extra: Column) -> DataFrame:
     )
 
 
-def outcome_counts_here(prepared: DataFrame) -> list[Row]:
-    """``outcome_counts(prepared).collect()`` for `prepared` rows of local data (a few
-    records prepared on the driver), computed in this process: the same groups, counts
-    and examples, without the Spark job an aggregate runs (1-1.5 s when it is the first
-    of a cold driver JVM)."""
-    return outcome_counts_arrow(local_arrow(prepared.select(
-        "source", "stage", "status", "reason",
-        F.col("prepared.filter_reason").alias("filter_reason"), "source_key", "detail")))
-
-
 def outcome_counts_arrow(table: pa.Table) -> list[Row]:
-    """:func:`outcome_counts_here` of prepared rows already in this process, as Arrow:
+    """``outcome_counts(prepared).collect()`` for prepared rows this process holds (a
+    night's rows collected by the job that made them, or a few records prepared on the
+    driver), computed here as Arrow: the same groups, counts and examples, without the
+    Spark job an aggregate runs (1-1.5 s when it is the first of a cold driver JVM).
     `table` has ``source, stage, status, reason, source_key, detail`` and either
     ``filter_reason`` or the ``prepared`` struct it is read from."""
     if "filter_reason" not in table.column_names:

@@ -141,9 +141,28 @@ def is_empty(path: str) -> bool:
     return held is not None and held.num_rows == 0
 
 
-def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
-                  driver_bound: int = 0) -> None:
-    """Insert rejects not yet recorded; a rerun of the same input adds nothing.
+def _as_arrow(rows, schema: StructType):
+    """`rows` -- a DataFrame, or an Arrow table built on the driver -- as an Arrow table
+    of `schema`'s columns: a frame collected once (no job where it is local data)."""
+    import pyarrow as pa
+
+    names = schema.fieldNames()
+    return rows.select(names) if isinstance(rows, pa.Table) else local_arrow(rows.select(*names))
+
+
+def _as_frame(spark: SparkSession, rows, schema: StructType) -> DataFrame:
+    """`rows` (as :func:`_as_arrow` takes them) as the DataFrame a Spark MERGE reads: an
+    Arrow table as local data."""
+    import pyarrow as pa
+
+    if isinstance(rows, pa.Table):
+        return spark.createDataFrame(rows.select(schema.fieldNames()), schema)
+    return rows.select(*schema.fieldNames())
+
+
+def merge_rejects(spark: SparkSession, rejects, path: str, *, driver_bound: int = 0) -> None:
+    """Insert rejects not yet recorded (a DataFrame, or an Arrow table built on the
+    driver); a rerun of the same input adds nothing.
 
     Keyed by (sample_id, stage, reason, detail): a record rejected again for the same
     reason keeps its first row, with the run that first rejected it; each extra copy
@@ -157,7 +176,7 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
     ensure_table(spark, path, REJECTS_SCHEMA)
     key = "t.sample_id = s.sample_id AND t.stage = s.stage AND t.reason = s.reason AND "
     if driver_bound:
-        data = local_arrow(rejects.select(*REJECTS_SCHEMA.fieldNames()))  # collected once
+        data = _as_arrow(rejects, REJECTS_SCHEMA)  # collected once
         if _appended_new(data, path, REJECTS_SCHEMA, driver_bound) or merge_rows(
                 data, path, REJECTS_SCHEMA, key + "t.detail IS NOT DISTINCT FROM s.detail",
                 lambda m: m.when_not_matched_insert_all()):
@@ -165,7 +184,8 @@ def merge_rejects(spark: SparkSession, rejects: DataFrame, path: str, *,
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
-        .merge(rejects.alias("s"), key + "t.detail <=> s.detail")
+        .merge(_as_frame(spark, rejects, REJECTS_SCHEMA).alias("s"),
+               key + "t.detail <=> s.detail")
         .whenNotMatchedInsertAll()
         .execute()
     )
@@ -180,11 +200,12 @@ def _appended_new(data, path: str, schema: StructType, bound: int) -> bool:
         append_rows(data, path, schema)
 
 
-def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
+def merge_manifest(spark: SparkSession, records, path: str, *,
                    before: DataFrame | None = None, driver_bound: int = 0) -> None:
-    """Upsert manifest rows on sample_id: new records inserted, records that were
-    reprocessed (changed fingerprint, transient failure retried, back after a removal)
-    updated. Records not in `records` -- everything unchanged -- are not touched.
+    """Upsert manifest rows (a DataFrame, or an Arrow table built on the driver) on
+    sample_id: new records inserted, records that were reprocessed (changed fingerprint,
+    transient failure retried, back after a removal) updated. Records not in `records`
+    -- everything unchanged -- are not touched.
 
     `driver_bound` > 0: a batch of records the table holds none of -- a night of new
     records only, a first run -- is one append by delta-rs in this process, the table a
@@ -195,16 +216,15 @@ def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
     from delta.tables import DeltaTable
 
     ensure_table(spark, path, MANIFEST_SCHEMA)
-    records = records.select(*MANIFEST_SCHEMA.fieldNames())
     if driver_bound and before is not None:
-        data = local_arrow(records)
+        data = _as_arrow(records, MANIFEST_SCHEMA)
         ids = spark.createDataFrame([(i,) for i in data.column("sample_id").to_pylist()],
                                     "sample_id string")
         if before.join(F.broadcast(ids), "sample_id", "left_semi").isEmpty() and \
                 append_rows(data, path, MANIFEST_SCHEMA):
             return
     elif driver_bound:
-        data = local_arrow(records)  # collected once
+        data = _as_arrow(records, MANIFEST_SCHEMA)  # collected once
         if _appended_new(data, path, MANIFEST_SCHEMA, driver_bound):
             return
     if driver_bound and merge_rows(
@@ -214,7 +234,8 @@ def merge_manifest(spark: SparkSession, records: DataFrame, path: str, *,
     (
         DeltaTable.forPath(spark, path)
         .alias("t")
-        .merge(records.alias("s"), "t.sample_id = s.sample_id")
+        .merge(_as_frame(spark, records, MANIFEST_SCHEMA).alias("s"),
+               "t.sample_id = s.sample_id")
         .whenMatchedUpdateAll()
         .whenNotMatchedInsertAll()
         .execute()
@@ -228,18 +249,15 @@ def merge_accounting(spark: SparkSession, rows, path: str) -> None:
     The rows of a run the table does not hold yet (every run's first write) are one
     append by delta-rs in this process (a few dozen rows: no MERGE, no Spark job to
     write them); otherwise, or for a table delta-rs cannot write, a Spark MERGE."""
-    import pyarrow as pa
     from delta.tables import DeltaTable
 
-    names = ACCOUNTING_SCHEMA.fieldNames()
-    data = rows.select(names) if isinstance(rows, pa.Table) else local_arrow(rows.select(*names))
+    data = _as_arrow(rows, ACCOUNTING_SCHEMA)
     if _append_new_runs(data, path):  # the table exists with every column: no Spark
         return
     ensure_table(spark, path, ACCOUNTING_SCHEMA)
     if _append_new_runs(data, path):
         return
-    frame = (spark.createDataFrame(data.to_pylist(), ACCOUNTING_SCHEMA)
-             if isinstance(rows, pa.Table) else rows.select(*names))
+    frame = _as_frame(spark, rows, ACCOUNTING_SCHEMA)
     cond = " AND ".join(
         f"t.{c} <=> s.{c}" for c in ("run_id", "source", "status", "stage", "reason",
                                      "filter_reason")
