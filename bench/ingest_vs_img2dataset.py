@@ -20,6 +20,9 @@ no resize.
              many requests as img2dataset's threads). Timed as the curate stage (from the
              run's events.jsonl) and as the whole command (Spark start-up, the report).
 
+Under each lakeshard round, the wall time of each of curate's steps (its ``step_end``
+events: listing and comparing, fetch + prepare, the Lance commit, the Delta bookkeeping).
+
 Rounds alternate img2dataset, lakeshard, img2dataset, ... so drift on a noisy machine
 hits both alike; each round's figures are printed, then the best of each and the ratio
 lakeshard / img2dataset in images per second. Both sides must end with N images
@@ -348,7 +351,9 @@ def run_lakeshard(urls: Path, work: Path, rnd: int, args, spark_conf: dict | Non
         print(f"       Spark jobs of lakeshard{tag} round {rnd + 1}, by step:")
         for desc, n, secs in _job_steps(events_dir):
             print(f"         {secs:>6.1f} s {n:>3} jobs  {desc[:90]}")
-    return {"wall": wall, "stage": end["seconds"], "images": accepted, "cpu": cpu}
+    steps = [(e["step"], e["seconds"]) for e in rows if e["event"] == "step_end"]
+    return {"wall": wall, "stage": end["seconds"], "images": accepted, "cpu": cpu,
+            "steps": steps}
 
 
 def _load() -> str:
@@ -444,6 +449,9 @@ def main() -> None:
                 print(f"{rnd + 1:<6} {side:<{width}} {r['stage']:>8.1f} {r['wall']:>9.1f} "
                       f"{r['images']:>7} {r['images'] / r['stage']:>17.1f} {cpu[0]:>6} "
                       f"{cpu[1]:>12}", flush=True)
+                if r.get("steps"):  # curate's own steps (step_end events)
+                    print("       curate steps: " + "; ".join(
+                        f"{name} {secs:.2f} s" for name, secs in r["steps"]), flush=True)
     finally:
         server.stop()
     best = {side: min(rs, key=lambda r: r["stage"]) for side, rs in results.items()}

@@ -140,6 +140,11 @@ def spark_conf(cfg: Config) -> dict[str, str]:
         "spark.python.worker.reuse": "true",
         "spark.sql.session.timeZone": "UTC",
         "spark.sql.shuffle.partitions": "8",
+        # PySpark records the Python call site of every Column function for its error
+        # messages: ~0.6 ms of JVM round trips per call, hundreds of calls as curate
+        # plans a night (bench: docs/performance.md). lakeshard's expressions are its own,
+        # and a failing stage still names its step and shows both tracebacks.
+        "spark.python.sql.dataFrameDebugging.enabled": "false",
         # Spark's console progress bar, only when lakeshard prints no progress of its
         # own: the two interleave on one terminal line.
         "spark.ui.showConsoleProgress": "false" if cfg.run.progress_interval_s else "true",

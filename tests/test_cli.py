@@ -98,6 +98,16 @@ def test_run_prints_the_per_source_table_and_outputs(tmp_path):
     for stage in ("curate", "dedup", "caption", "export"):
         assert ("stage_start", stage) in [(e["event"], e.get("stage")) for e in events]
         assert ("stage_end", stage) in [(e["event"], e.get("stage")) for e in events]
+    # Curate's named steps, each timed, in order, inside the stage.
+    steps = [e for e in events if e["event"] == "step_end"]
+    assert [(e["stage"], e["step"]) for e in steps] == [("curate", s) for s in (
+        "finish pending takedowns", "list sources, compare with the manifest",
+        "fetch + prepare new records, write them to Lance", "commit Lance curated",
+        "merge Delta rejects, manifest, accounting")]
+    curate_end = names.index("stage_end")  # curate's: the first stage
+    assert events[curate_end]["stage"] == "curate"
+    assert all(events.index(e) < curate_end and e["run_id"] == run_id for e in steps)
+    assert 0 <= sum(e["seconds"] for e in steps) <= events[curate_end]["seconds"]
 
     # Again, nothing new: nothing to warn about (dedup covers every row).
     res = _lakeshard("run", "--conf", str(_write_conf(tmp_path)))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,6 +51,7 @@ from etl.lakehouse.maintenance import (
 from etl.ledger import code_version
 from etl.runtime.faults import fault_point
 from etl.runtime.local import is_local, local_arrow
+from etl.runtime.progress import event
 from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.runtime.warm import start_python_workers
 from etl.schema import (
@@ -259,14 +261,19 @@ def _find_removals(spark: SparkSession, cfg: Config, manifest: DataFrame,
 
 
 @contextmanager
-def _job(spark: SparkSession, step: str) -> Iterator[None]:
-    """Spark jobs started inside are labelled ``lakeshard curate: <step>`` (UI, event log)."""
+def _job(spark: SparkSession, step: str, run_id: str) -> Iterator[None]:
+    """Step `step` of curate: Spark jobs started inside are labelled ``lakeshard curate:
+    <step>`` (UI, event log), and the step's wall time, when it ends without an error,
+    is a ``step_end`` event (the run's events.jsonl)."""
     sc = spark.sparkContext
     sc.setJobDescription(f"lakeshard curate: {step}")
+    start = time.perf_counter()
     try:
         yield
     finally:
         sc.setJobDescription(None)
+    event("step_end", run_id=run_id, stage="curate", step=step,
+          seconds=round(time.perf_counter() - start, 2))
 
 
 @dataclass
@@ -915,7 +922,7 @@ def _quiet_night(spark: SparkSession, cfg: Config, cat: Catalog, quiet: _Quiet,
                  run_id: str, now: datetime) -> CurateResult:
     """Nothing changed since the last run: its unchanged counts are tonight's."""
     unchanged = {k: int(v) for k, v in quiet.payload["unchanged"].items()}
-    with _job(spark, "nothing changed: record accounting"):
+    with _job(spark, "nothing changed: record accounting", run_id):
         cat.accounting.record(quiet_accounting(unchanged, run_id=run_id, run_at=now))
         _purge_due(cat, now)
     ds = _closing_check(cat)
@@ -951,18 +958,19 @@ def _night(spark: SparkSession, cfg: Config, run_id: str,
     if quiet.hit:
         return _quiet_night(spark, cfg, cat, quiet, run_id, now)
     changes_ahead()
-    with _job(spark, "finish pending takedowns"):  # before anything reads the manifest
+    # Before anything reads the manifest:
+    with _job(spark, "finish pending takedowns", run_id):
         pending = _finish_takedowns(spark, cfg, run_id, now)
-    with _job(spark, "list sources, compare with the manifest"):
+    with _job(spark, "list sources, compare with the manifest", run_id):
         diff = _diff_sources(spark, cfg, cat)
         removals = _find_removed(spark, cfg, diff)
-    with _job(spark, "fetch + prepare new records, write them to Lance"):
+    with _job(spark, "fetch + prepare new records, write them to Lance", run_id):
         prep = _fetch_and_prepare(spark, cfg, paths, diff, run_id, now)
     fault_point("curate:prepared")
-    with _job(spark, "commit Lance curated"):
+    with _job(spark, "commit Lance curated", run_id):
         _write_curated(spark, cfg, paths, prep, run_id, now)
     fault_point("curate:lance_written")
-    with _job(spark, "merge Delta rejects, manifest, accounting"):
+    with _job(spark, "merge Delta rejects, manifest, accounting", run_id):
         _record_bronze(cat, diff, prep, run_id, now)
         gone = _apply_removals(spark, cfg, removals, run_id, now)
         counts = _record_accounting(cfg, cat, diff, prep, removals, [pending, gone], run_id,
