@@ -138,8 +138,10 @@ class Manifest(_DeltaTable):
         return (manifest.where((F.col("source") == source) & ~gone)
                 .groupBy("source_uri", known_fingerprint()).count().collect())
 
-    def merge(self, rows: DataFrame, *, count: int, before: DataFrame | None) -> None:
-        """Upsert this run's `count` rows; a small batch none of whose records the table
+    def merge(self, rows: DataFrame | pa.Table, *, count: int,
+              before: DataFrame | None) -> None:
+        """Upsert this run's `count` rows (a DataFrame, or an Arrow table built on the
+        driver); a small batch none of whose records the table
         holds (asked of `before`, the snapshot, else of the table by delta-rs) is
         appended on the driver instead of MERGEd."""
         merge_manifest(self.spark, rows, self.path, before=before,
@@ -152,8 +154,9 @@ class Manifest(_DeltaTable):
 class Rejects(_DeltaTable):
     """Records that did not make it, and why (one row per copy of a key)."""
 
-    def merge(self, rows: DataFrame, *, count: int) -> None:
-        """Insert this run's `count` rejects; with none, only create the table on a first
+    def merge(self, rows: DataFrame | pa.Table, *, count: int) -> None:
+        """Insert this run's `count` rejects (a DataFrame, or an Arrow table built on the
+        driver); with none, only create the table on a first
         run. A small batch of records the table holds none of is appended on the driver."""
         if count or not self.exists():
             merge_rejects(self.spark, rows, self.path,
