@@ -220,10 +220,16 @@ def test_ledger_has_a_row_per_run_and_stage(spark, finished_run):
 
 def test_events_progress_and_job_groups(spark, finished_run):
     _, out, events = finished_run
-    kinds = [(e["event"], e.get("stage")) for e in events if e["event"] != "progress"]
+    kinds = [(e["event"], e.get("stage")) for e in events
+             if e["event"] not in ("progress", "step_end")]
     stages = [(f"stage_{e}", s) for s in ("curate", "dedup", "caption", "export")
               for e in ("start", "end")]
     assert kinds == [("run_start", None), *stages, ("run_end", None)]
+    # Curate's steps, timed, between its start and end.
+    names = [e["event"] for e in events]
+    steps = [i for i, e in enumerate(events) if e["event"] == "step_end"]
+    assert steps and all(events[i]["stage"] == "curate" for i in steps)
+    assert names.index("stage_start") < steps[0] and steps[-1] < names.index("stage_end")
     assert all(e["run_id"] == out.run_id for e in events)
     progress = [e for e in events if e["event"] == "progress"]
     assert progress and all(0 <= e["tasks_done"] <= e["tasks_total"] for e in progress)
