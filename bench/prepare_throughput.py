@@ -240,10 +240,13 @@ def profile_set(name: str, args) -> None:
     what prepare_image adds to the bare decode + encode."""
     import hashlib
 
+    import pyarrow as pa
     from PIL import Image
 
-    from etl.config import PrepareConfig
-    from udfs.images import _prepare_batch, dhash64, prepare_image
+    from etl.config import FetchConfig, PrepareConfig
+    from udfs.fetch import OWN_REFS
+    from udfs.images import dhash64, prepare_image
+    from udfs.ingest import fetch_prepare_batches
 
     megapixels, default_n = SETS[name]
     images = make_images(args.images or default_n, megapixels)
@@ -257,9 +260,9 @@ def profile_set(name: str, args) -> None:
         if im.mode != "RGB":
             im.convert("RGB")
 
-    import pandas as pd
-
-    batch = pd.Series(images)
+    n = len(images)  # curate's batch function's arguments: every row carries its bytes
+    batch = (pa.array([True] * n), pa.array(["bench"] * n), pa.nulls(n, pa.string()),
+             pa.nulls(n, pa.int64()), pa.nulls(n, pa.int64()), pa.array(images, pa.binary()))
     pieces = {
         # Each decoded image dropped at once, as the stage drops it.
         "decode": lambda: [decode(b).size for b in images],
@@ -270,7 +273,8 @@ def profile_set(name: str, args) -> None:
         "  of which dHash": lambda: [dhash64(im) for im in decoded],
         "  of which sha256 of the JPEG": lambda: [hashlib.sha256(e).hexdigest()
                                                  for e in encoded],
-        "the UDF's batch function (threads=1)": lambda: _prepare_batch(batch, opts),
+        "curate's batch function (threads=1)": lambda: list(fetch_prepare_batches(
+            iter([batch]), FetchConfig(), {"bench": OWN_REFS}, opts)),
     }
     print(f"\n{name} set: {len(images)} images, CPU ms per image (best of {args.rounds}; "
           f"load {' '.join(f'{x:.2f}' for x in os.getloadavg())})")

@@ -1,5 +1,5 @@
 """Fetch and prepare in one batch function (udfs/ingest.py, run by
-etl.transforms.prepare.fetch_and_prepare in a mapInArrow): the batch function on pandas
+etl.transforms.prepare.fetch_and_prepare in a mapInArrow): the batch function on Arrow
 batches without Spark (a fetched URL, a 404 from the loopback server, a corrupt and an
 embedded image, a row not to process, one batch fetched ahead, a bug of ours), then in
 Spark: the same outcome as the two UDFs it replaced (fetch, sha2, refusal by hash,
@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 
-import pandas as pd
+import pyarrow as pa
 import pytest
 from httpserver import Server
 from PIL import Image
@@ -20,7 +20,7 @@ from support import jpeg_bytes, non_null_fields, png_bytes
 
 from etl.config import FetchConfig, PrepareConfig, SourceConfig
 from udfs.fetch import RefRules, rules_for
-from udfs.ingest import FETCH_PREPARE_TYPE, fetch_prepare_batches
+from udfs.ingest import FETCH_PREPARE_ARROW, FETCH_PREPARE_TYPE, fetch_prepare_batches
 
 LOOPBACK = ["127.0.0.1/32"]
 FETCH = FetchConfig(retries=0, timeout_s=2.0, allow_networks=LOOPBACK)
@@ -43,38 +43,34 @@ def server():
         yield srv
 
 
+_ARG_TYPES = (pa.bool_(), pa.string(), pa.string(), pa.int64(), pa.int64(), pa.binary())
+
+
 def _batch(rows):
-    """(process, source, ref, offset, length, image) as the UDF's Arrow batch gives
-    them: a long column with nulls arrives as floats with NaN."""
+    """(process, source, ref, offset, length, image) as Arrow arrays, as the task's
+    batch_args gives them."""
     cols = list(zip(*rows, strict=True))
-    return (pd.Series(cols[0], dtype=bool), pd.Series(cols[1], dtype=object),
-            pd.Series(cols[2], dtype=object), pd.Series(cols[3], dtype="float64"),
-            pd.Series(cols[4], dtype="float64"), pd.Series(cols[5], dtype=object))
+    return tuple(pa.array(c, t) for c, t in zip(cols, _ARG_TYPES, strict=True))
 
 
-def _null(v):
-    return None if v is None or v is pd.NA or (isinstance(v, float) and v != v) else v
-
-
-def _rows(frame: pd.DataFrame) -> list[dict]:
-    """The frame's rows as Arrow would send them: NaN and NA are null."""
-    return [{k: _null(v) for k, v in r.items()} for r in frame.to_dict("records")]
+def _rows(batch: pa.RecordBatch) -> list[dict]:
+    return batch.to_pylist()
 
 
 def test_one_batch_fetches_hashes_and_prepares(server):
-    nan = float("nan")
     batch = _batch([
-        (True, "web", f"{server.url}/img/a.jpg", nan, nan, None),  # fetched
-        (True, "web", f"{server.url}/404", nan, nan, None),  # a 404
-        (True, "web", None, nan, nan, CORRUPT),  # carries bytes that are no image
-        (True, "web", None, nan, nan, EMBEDDED),  # carries its image
-        (False, "web", None, nan, nan, None),  # an earlier failure: not processed
-        (True, "web", None, nan, nan, None),  # readable, but nothing at all
+        (True, "web", f"{server.url}/img/a.jpg", None, None, None),  # fetched
+        (True, "web", f"{server.url}/404", None, None, None),  # a 404
+        (True, "web", None, None, None, CORRUPT),  # carries bytes that are no image
+        (True, "web", None, None, None, EMBEDDED),  # carries its image
+        (False, "web", None, None, None, None),  # an earlier failure: not processed
+        (True, "web", None, None, None, None),  # readable, but nothing at all
     ])
-    frames = list(fetch_prepare_batches(iter([batch]), FETCH, RULES, PREPARE))
-    assert len(frames) == 1
-    assert list(frames[0].columns) == FETCH_PREPARE_TYPE.fieldNames()
-    fetched, missing, corrupt, embedded, skipped, empty = _rows(frames[0])
+    results = list(fetch_prepare_batches(iter([batch]), FETCH, RULES, PREPARE))
+    assert len(results) == 1
+    assert results[0].schema.names == FETCH_PREPARE_TYPE.fieldNames()
+    assert results[0].schema == FETCH_PREPARE_ARROW
+    fetched, missing, corrupt, embedded, skipped, empty = _rows(results[0])
 
     assert (fetched["fetch_status"], fetched["fetch_attempts"]) == ("ok", 1)
     assert fetched["original_sha256"] == sha(PHOTO)
@@ -103,6 +99,20 @@ def test_one_batch_fetches_hashes_and_prepares(server):
     assert server.hits["/img/a.jpg"] >= 1 and server.hits["/404"] >= 1
 
 
+def test_a_member_s_byte_range_is_fetched_and_prepared(tmp_path):
+    """A reference with an offset and a length (a tar member) reads just those bytes:
+    the offsets arrive as Arrow's integers."""
+    shard = tmp_path / "shard.bin"
+    head = b"x" * 1000
+    shard.write_bytes(head + PHOTO + b"y" * 10)
+    batch = _batch([(True, "own", str(shard), len(head), len(PHOTO), None)])
+    (row,) = _rows(next(fetch_prepare_batches(iter([batch]), FETCH, {"own": RefRules()},
+                                              PREPARE)))
+    assert (row["fetch_status"], row["original_sha256"]) == ("ok", sha(PHOTO))
+    assert (row["status"], row["width"], row["height"]) == ("ok", 64, 48)
+    assert row["original_size_bytes"] == len(PHOTO)
+
+
 def test_the_next_batch_is_fetched_before_this_one_is_returned(server, tmp_path):
     files = []
     for i in range(7):
@@ -111,8 +121,7 @@ def test_the_next_batch_is_fetched_before_this_one_is_returned(server, tmp_path)
             path.write_bytes(jpeg_bytes((16 + i, 12), color=(i * 30, 10, 10)))
         files.append(path)
     rules = {"list": RefRules(own=False, local=True)}
-    nan = float("nan")
-    batches = [[(True, "list", str(p), nan, nan, None) for p in files[i:i + 3]]
+    batches = [[(True, "list", str(p), None, None, None) for p in files[i:i + 3]]
                for i in range(0, 7, 3)]  # 3 + 3 + 1 rows
     pulled = []
 
@@ -122,11 +131,11 @@ def test_the_next_batch_is_fetched_before_this_one_is_returned(server, tmp_path)
             yield _batch(b)
 
     out = []
-    for frame in fetch_prepare_batches(feed(), FETCH, rules, PREPARE):
+    for result in fetch_prepare_batches(feed(), FETCH, rules, PREPARE):
         # A batch is returned only once the one after it was taken (and its fetches
-        # started): the first frame comes after the second batch was pulled.
+        # started): the first result comes after the second batch was pulled.
         assert len(pulled) == min(len(batches), len(out) + 2)
-        out.extend(_rows(frame))
+        out.extend(_rows(result))
     assert [len(b) for b in batches] == pulled and len(out) == len(files)
     for path, row in zip(files, out, strict=True):
         if path.exists():
@@ -139,8 +148,7 @@ def test_the_next_batch_is_fetched_before_this_one_is_returned(server, tmp_path)
 def test_a_prepare_bug_is_internal_error_and_a_wiring_bug_fails(monkeypatch):
     from udfs import images
 
-    nan = float("nan")
-    batch = _batch([(True, "web", None, nan, nan, EMBEDDED)])
+    batch = _batch([(True, "web", None, None, None, EMBEDDED)])
 
     def broken(data, opts):
         return {}["no such key"]  # a bug in our own prepare code

@@ -16,9 +16,10 @@ and count against the stage's failure budget (``run.budgets``); the next run ret
 those records.
 
 :func:`prepare_many` runs it over a batch on the ``prepare.threads`` pool and
-:func:`prepared_frame` lays the results out as the columns of :data:`PREPARED_TYPE`;
-:func:`prepare_udf` wraps the two as a vectorised pandas UDF over Arrow batches (curate
-fetches and prepares in one batch function instead: :mod:`udfs.ingest`).
+:func:`prepared_columns` lays the results out as the fields of :data:`PREPARED_TYPE`
+(:func:`prepared_frame`: as a pandas frame); :func:`prepare_udf` wraps them as a
+vectorised pandas UDF over Arrow batches (curate fetches and prepares in one Arrow
+batch function instead: :mod:`udfs.ingest`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ __all__ = [
     "prepare_image",
     "dhash64",
     "prepare_many",
+    "prepared_columns",
     "prepared_frame",
     "prepare_udf",
 ]
@@ -403,16 +405,20 @@ def prepare_many(images: Sequence, opts: PrepareConfig) -> list[PreparedImage]:
     return [_prepare_one(b, opts) for b in images]
 
 
+def prepared_columns(rows: Sequence[PreparedImage | None]) -> dict[str, list]:
+    """The values of :data:`PREPARED_TYPE`'s fields, field by field, one per result (None
+    for a row that was not prepared) -- from the results' attributes, with no per-row
+    dict (``dataclasses.asdict`` deep-copies every field of every row)."""
+    return {name: [None if r is None else getattr(r, name) for r in rows]
+            for name in PREPARED_TYPE.fieldNames()}
+
+
 def prepared_frame(rows: Sequence[PreparedImage | None]) -> pd.DataFrame:
-    """The columns of :data:`PREPARED_TYPE`, one row per result (all null for None: a
-    row that was not prepared)."""
-    # Column by column from the results' fields: no per-row dict (dataclasses.asdict
-    # deep-copies every field of every row).
-    columns = {}
-    for name in PREPARED_TYPE.fieldNames():
-        values = [None if r is None else getattr(r, name) for r in rows]
-        columns[name] = (pd.array(values, dtype="Int64") if name in _INT_COLUMNS
-                         else pd.Series(values))
+    """The columns of :data:`PREPARED_TYPE` as a pandas frame (the pandas UDF's
+    result), one row per result (all null for None: a row that was not prepared)."""
+    columns = {name: pd.array(values, dtype="Int64") if name in _INT_COLUMNS
+               else pd.Series(values)
+               for name, values in prepared_columns(rows).items()}
     return pd.DataFrame(columns, index=pd.RangeIndex(len(rows)))
 
 

@@ -26,17 +26,18 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import pandas as pd
+import pyarrow as pa
 from pyspark.sql import types as T
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from udfs.arrow_types import nullable_type
 from udfs.fetch import RefRules, clip_detail, start_fetches
-from udfs.images import PREPARED_TYPE, prepare_many, prepared_frame
+from udfs.images import PREPARED_TYPE, prepare_many, prepared_columns
 
 if TYPE_CHECKING:
     from etl.config import FetchConfig, PrepareConfig
 
-__all__ = ["FETCH_FIELDS", "FETCH_PREPARE_TYPE", "fetch_prepare_batches"]
+__all__ = ["FETCH_FIELDS", "FETCH_PREPARE_TYPE", "FETCH_PREPARE_ARROW", "fetch_prepare_batches"]
 
 # The fetch's own fields (null where the row was not fetched), then the source bytes'
 # hash (null where there are none), then PREPARED_TYPE's fields, flat and nullable (null
@@ -52,6 +53,8 @@ FETCH_PREPARE_TYPE = T.StructType([
     T.StructField("original_sha256", T.StringType(), True),
     *nullable_type(PREPARED_TYPE).fields,
 ])
+# The batches the batch function yields: nullable throughout (udfs/arrow_types.py).
+FETCH_PREPARE_ARROW = to_arrow_schema(nullable_type(FETCH_PREPARE_TYPE))
 
 
 @dataclass(frozen=True)
@@ -62,26 +65,20 @@ class _Started:
     fetched: dict[int, Future]  # row -> its fetch
 
 
-def _value(v):
-    """An Arrow batch's value as Python: NaN and NA are null."""
-    return None if v is None or (isinstance(v, float) and v != v) or v is pd.NA else v
-
-
-def _start(process: pd.Series, sources: pd.Series, refs: pd.Series, offsets: pd.Series,
-           lengths: pd.Series, images: pd.Series, opts: FetchConfig,
+def _start(process: pa.Array, sources: pa.Array, refs: pa.Array, offsets: pa.Array,
+           lengths: pa.Array, images: pa.Array, opts: FetchConfig,
            rules: Mapping[str, RefRules]) -> _Started:
-    todo = [bool(_value(p)) for p in process]
-    row_rules = [rules[s] for s in sources]  # a source missing from `rules` is a bug
-    ref_of = [_value(r) for r in refs]
+    todo = [bool(p) for p in process.to_pylist()]
+    row_rules = [rules[s] for s in sources.to_pylist()]  # a source missing from `rules` is a bug
+    ref_of = refs.to_pylist()
     rows = [i for i, r in enumerate(ref_of) if todo[i] and r is not None]
-    futures = start_fetches([ref_of[i] for i in rows], [offsets.iloc[i] for i in rows],
-                            [lengths.iloc[i] for i in rows], [row_rules[i] for i in rows],
-                            opts)
-    given = [None if b is None else bytes(b) for b in map(_value, images)]
-    return _Started(todo, given, dict(zip(rows, futures, strict=True)))
+    at, length = offsets.to_pylist(), lengths.to_pylist()
+    futures = start_fetches([ref_of[i] for i in rows], [at[i] for i in rows],
+                            [length[i] for i in rows], [row_rules[i] for i in rows], opts)
+    return _Started(todo, images.to_pylist(), dict(zip(rows, futures, strict=True)))
 
 
-def _finish(batch: _Started, opts: PrepareConfig) -> pd.DataFrame:
+def _finish(batch: _Started, opts: PrepareConfig) -> pa.RecordBatch:
     n = len(batch.process)
     status: list[str | None] = [None] * n
     detail: list[str | None] = [None] * n
@@ -96,23 +93,26 @@ def _finish(batch: _Started, opts: PrepareConfig) -> pd.DataFrame:
     prepared: list = [None] * n
     for i, res in zip(prepare, results, strict=True):
         prepared[i] = res
-    out = prepared_frame(prepared)
-    out.insert(0, "original_sha256", pd.Series(
-        [None if b is None else hashlib.sha256(b).hexdigest() for b in source], dtype=object))
-    out.insert(0, "fetch_attempts", pd.array(attempts, dtype="Int64"))
-    out.insert(0, "fetch_detail", pd.Series(detail, dtype=object))
-    out.insert(0, "fetch_status", pd.Series(status, dtype=object))
-    return out
+    columns = {
+        "fetch_status": status, "fetch_detail": detail, "fetch_attempts": attempts,
+        "original_sha256": [None if b is None else hashlib.sha256(b).hexdigest()
+                            for b in source],
+        **prepared_columns(prepared),
+    }
+    return pa.RecordBatch.from_arrays(
+        [pa.array(columns[f.name], f.type) for f in FETCH_PREPARE_ARROW],
+        schema=FETCH_PREPARE_ARROW)
 
 
 def fetch_prepare_batches(
-    batches: Iterator[tuple[pd.Series, ...]], fetch: FetchConfig,
+    batches: Iterator[tuple[pa.Array, ...]], fetch: FetchConfig,
     rules: Mapping[str, RefRules], prepare: PrepareConfig,
-) -> Iterator[pd.DataFrame]:
-    """The UDF's body: batches of (process, source, ref, offset, length, image) -> frames
-    of :data:`FETCH_PREPARE_TYPE`'s columns, one batch behind (its fetches run while the
-    batch before is prepared). `ref` is given only for rows to fetch, `image` only for
-    rows to prepare from the bytes they carry; rows not to process are all null."""
+) -> Iterator[pa.RecordBatch]:
+    """The batch function: batches of Arrow arrays (process, source, ref, offset,
+    length, image) -> record batches of :data:`FETCH_PREPARE_ARROW`, one batch behind
+    (its fetches run while the batch before is prepared). `ref` is given only for rows
+    to fetch, `image` only for rows to prepare from the bytes they carry; rows not to
+    process are all null. Arrow in and out: no pandas frame per batch."""
     pending: _Started | None = None
     for process, sources, refs, offsets, lengths, images in batches:
         started = _start(process, sources, refs, offsets, lengths, images, fetch, rules)

@@ -2,11 +2,12 @@
 
 Spark starts one daemon per executor (``python -m pyspark.daemon``) and forks a Python
 worker from it for each task slot. Each forked worker then imports what the task's
-function needs: for curate's fetch + prepare, pandas, pyarrow, Pillow and lakeshard's
-batch function, ~0.4 s of CPU per worker, paid on the critical path of the night's first
-Python job by every slot at once. And the daemon itself imports PySpark from
-``pyspark.zip``, which holds no compiled code: Python compiles those modules again in
-every new daemon (~0.4 s more, before any worker forks).
+function needs: for curate's fetch + prepare, pyarrow, Pillow, lakeshard's batch
+function and -- for the Lance fragment it writes -- ``pyarrow.dataset``, which imports
+pandas (the batch function itself is Arrow in and out); ~0.4 s of CPU per worker, paid
+on the critical path of the night's first Python job by every slot at once. And the daemon itself
+imports PySpark from ``pyspark.zip``, which holds no compiled code: Python compiles
+those modules again in every new daemon (~0.4 s more, before any worker forks).
 
 Run as the daemon module (``spark.python.daemon.module``, set by
 :func:`etl.session.spark_conf` where the executors are this interpreter), this module
@@ -37,9 +38,10 @@ __all__ = ["PRELOAD", "prefer_installed_pyspark", "preload", "main"]
 # batch function under it); the export's and dedup's tasks share most of it. Not torch,
 # CUDA or the captioner: a CUDA context must not exist in a process that forks.
 PRELOAD = (
-    "pandas",
+    "pandas",  # imported by pyarrow.dataset (under Lance's writer), not by lakeshard's code
     "pyarrow",
     "pyarrow.compute",
+    "pyarrow.dataset",
     "PIL.Image",
     "simplejpeg",
     "pyspark.sql.pandas.serializers",

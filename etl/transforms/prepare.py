@@ -102,8 +102,8 @@ def _fetch_prepare_here(staged: DataFrame, fetch: FetchConfig, rules: Mapping,
     table = local_arrow(staged)
     chunks = (batch_args(table.slice(i, _DRIVER_BATCH))
               for i in range(0, table.num_rows, _DRIVER_BATCH))
-    frames = list(fetch_prepare_batches(chunks, fetch, rules, opts))
-    struct = fp_struct(frames, table.column(ARGS[0]).combine_chunks())
+    results = list(fetch_prepare_batches(chunks, fetch, rules, opts))
+    struct = fp_struct(results, table.column(ARGS[0]).combine_chunks())
     local = table.drop_columns(list(ARGS)).append_column("_fp", struct)
     schema = T.StructType([*[f for f in staged.schema.fields if f.name not in ARGS],
                            T.StructField("_fp", FP_TYPE, True)])

@@ -21,14 +21,12 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.pandas.types import to_arrow_schema
 
 from udfs.arrow_types import nullable_type
 from udfs.images import PREPARED_TYPE
-from udfs.ingest import FETCH_PREPARE_TYPE, fetch_prepare_batches
+from udfs.ingest import FETCH_PREPARE_ARROW, FETCH_PREPARE_TYPE, fetch_prepare_batches
 
 __all__ = ["ARGS", "FP_TYPE", "WRITTEN", "FLAG", "RowSink", "batch_args", "fp_struct",
            "task_function"]
@@ -40,7 +38,7 @@ ARGS = ("_fp_process", "_fp_ref")
 # The result's type: nullable throughout (udfs/arrow_types.py), null where the row was
 # not processed.
 FP_TYPE = nullable_type(FETCH_PREPARE_TYPE)
-_FP_ARROW = to_arrow_schema(FP_TYPE)
+_FP_ARROW = FETCH_PREPARE_ARROW
 # With a sink: whether the row was written (every row), and what the sink returned for
 # the task's rows (on its last row; null elsewhere).
 FLAG = "_written"
@@ -71,23 +69,20 @@ class RowSink:
         return frozenset() if self.refused is None else self.refused.value
 
 
-def batch_args(batch: pa.RecordBatch | pa.Table) -> tuple[pd.Series, ...]:
+def batch_args(batch: pa.RecordBatch | pa.Table) -> tuple[pa.Array, ...]:
     """The batch function's arguments (process, source, ref, offset, length, image) of
     rows with the :data:`ARGS` columns: the image bytes only where processed, each
     crossing from the JVM once."""
     process = batch.column(ARGS[0])
     image = pc.if_else(pc.fill_null(process, False), batch.column("image_bytes"),
                        pa.nulls(len(process), batch.schema.field("image_bytes").type))
-    return tuple(c.to_pandas() for c in (
-        process, batch.column("source"), batch.column(ARGS[1]), batch.column("image_offset"),
-        batch.column("image_length"), image))
+    return (process, batch.column("source"), batch.column(ARGS[1]),
+            batch.column("image_offset"), batch.column("image_length"), image)
 
 
-def fp_struct(frames: Sequence[pd.DataFrame], processed: pa.Array) -> pa.StructArray:
-    """The UDF body's result frames (one per batch, in order) as one struct array of
-    :data:`FP_TYPE`, null where `processed` is not true."""
-    batches = [pa.RecordBatch.from_pandas(f, schema=_FP_ARROW, preserve_index=False)
-               for f in frames]
+def fp_struct(batches: Sequence[pa.RecordBatch], processed: pa.Array) -> pa.StructArray:
+    """The batch function's results (one record batch per input batch, in order) as one
+    struct array of :data:`FP_TYPE`, null where `processed` is not true."""
     if len(batches) == 1:  # a task's batch: its arrays as they are (no copy of the JPEGs)
         arrays = batches[0].columns
     else:
@@ -151,9 +146,9 @@ def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Sch
                 pending.append(batch)
                 yield batch_args(batch)
 
-        for frame in fetch_prepare_batches(inputs(), fetch, rules, opts):
-            batch = pending.popleft()  # one frame per batch, in order
-            yield batch, fp_struct([frame], batch.column(ARGS[0]))
+        for result in fetch_prepare_batches(inputs(), fetch, rules, opts):
+            batch = pending.popleft()  # one result per batch, in order
+            yield batch, fp_struct([result], batch.column(ARGS[0]))
 
     def columns(batch: pa.RecordBatch) -> list[pa.Array]:
         processed = batch.column(ARGS[0]).fill_null(False)
