@@ -366,7 +366,7 @@ def test_tasks_write_the_rows_they_accept_as_spark_would_store_them(spark, serve
 
     plain = final(None)
     expected = prep.accepted_rows(plain, run_id="r1", ingested_at=F.lit(now), extra=extra)
-    schema = prep.curated_schema(df, run_id="r1", ingested_at=F.lit(now), extra=extra)
+    schema = prep.curated_schema(df.schema, extra=extra)
     assert schema == expected.schema  # known before anything runs
     path = str(tmp_path / "curated.lance")
     pending = pending_append(path, to_arrow_schema(schema))

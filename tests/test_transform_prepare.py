@@ -214,3 +214,20 @@ def test_up_to_the_driver_bound_the_tasks_rows_come_back_in_their_own_job(spark)
     assert sorted(map(tuple, plain.outcome_rows), key=str) == sorted(
         map(tuple, outcome_counts(prepared).collect()), key=str)
     assert plain.fragments == () and plain.on_driver
+
+
+def test_one_projection_equals_with_columns_then_drop(spark):
+    """fetch_and_prepare's last step, ``withColumns(...).drop(...)`` built as one
+    projection: the same columns, in the same order, with the same types and values."""
+    from etl.transforms.prepare import _with_columns
+
+    df = spark.createDataFrame([(1, "a", b"x", None), (2, None, None, 3.5)],
+                               "id int, name string, image_bytes binary, score double")
+    columns = {"name": F.coalesce("name", F.lit("?")),  # replaced in place
+               "size": F.length("image_bytes"),  # new, after the others
+               "has_score": F.col("score").isNotNull()}
+    want = df.withColumns(columns).drop("image_bytes", "score")
+    got = _with_columns(df, df.columns, columns, drop=("image_bytes", "score"))
+    assert got.schema == want.schema
+    assert got.columns == ["id", "name", "size", "has_score"]
+    assert got.collect() == want.collect() == [(1, "a", 1, False), (2, "?", None, True)]

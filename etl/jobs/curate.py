@@ -359,6 +359,8 @@ def _diff_on_driver(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | N
         gone += [(sid, s.name, status) for sid, status in left]
     # A few new or changed records: read, fetched and prepared on the driver.
     on_driver = sum(map(len, changed.values())) <= cfg.prepare.driver_rows
+    if not on_driver:
+        _start_workers(spark)
     frames = [finish_ingest(adapter_for(s.kind).read_keys(spark, s, changed[s.name],
                                                           on_driver), s)
               for s in cfg.sources if changed[s.name]]
@@ -377,6 +379,15 @@ def _diff_on_driver(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff | N
     return _Diff(None, cat.takedowns.identifiers(), versions, {}, {}, listed, stats,
                  has_manifest=True, removed=_Removals(records, scans, {}),
                  on_driver=on_driver, compared_here=True)
+
+
+def _start_workers(spark: SparkSession) -> None:
+    """A comparison on the driver found more new records than the driver prepares: this
+    process's first Python tasks are coming, and their daemon starts now, on a thread
+    (:func:`~etl.runtime.warm.start_python_workers`), while the driver hands the records
+    to Spark and plans the fetch + prepare job -- not before: a night with nothing new,
+    or a few records prepared on the driver, starts no Python worker."""
+    start_python_workers(spark, "lakeshard curate: start the Python workers")
 
 
 def _known_ids(known) -> tuple[dict[str, tuple[str | None, bool]], dict[str, dict[str, str]]]:
@@ -448,14 +459,17 @@ def _diff_listed_here(spark: SparkSession, cfg: Config, cat: Catalog) -> _Diff |
     todo = pa.array([not u for u in unchanged], pa.bool_())
     new = table.append_column("occurrence", pa.array(occurrence, pa.int32())).append_column(
         "unchanged", pa.array(unchanged, pa.bool_())).filter(todo)
+    on_driver = len(new) <= cfg.prepare.driver_rows
+    if not on_driver:
+        _start_workers(spark)
     listed = spark.createDataFrame(new, T.StructType(SOURCE_SCHEMA.fields + [
         T.StructField("occurrence", T.IntegerType(), False),
         T.StructField("unchanged", T.BooleanType(), False)]))
     versions = {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources
                 if s.on_removed == "delete"}
     return _Diff(None, cat.takedowns.identifiers(), versions, {}, {}, listed, stats,
-                 has_manifest=has_manifest, removed=removed,
-                 on_driver=len(new) <= cfg.prepare.driver_rows, compared_here=True)
+                 has_manifest=has_manifest, removed=removed, on_driver=on_driver,
+                 compared_here=True)
 
 
 def _occurrences(col: dict[str, list]) -> list[int]:
@@ -561,9 +575,6 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     if diff.has_manifest and storage.lance_exists(paths.curated) and all(
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing()  # a night with nothing new
-    if diff.compared_here and not diff.on_driver:
-        # This process's first Python tasks: their daemon starts while the step plans.
-        start_python_workers(spark, "lakeshard curate: start the Python workers")
     refused = diff.refused
     cores = spark.sparkContext.defaultParallelism
     todo = _task_layout(mark_duplicate_keys(diff.listed.where(~F.col("unchanged"))), diff,
@@ -574,7 +585,7 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     # One Python worker per task fetches, hashes the source bytes, prepares and writes
     # the accepted rows (the bytes and JPEGs never return); a few records: the same
     # batch function, on the driver.
-    written = None if diff.on_driver else _pending_append(spark, cfg, todo, run_id, now)
+    written = None if diff.on_driver else _pending_append(spark, cfg, todo)
     sink = None if written is None else _row_sink(spark, written, refused, run_id, now)
     todo = fetch_and_prepare(todo, cfg.fetch, cfg.sources, prepare,
                              on_driver=diff.on_driver, sink=sink)
@@ -619,11 +630,11 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
                      cached=cached)
 
 
-def _pending_append(spark: SparkSession, cfg: Config, todo: DataFrame, run_id: str,
-                    now: datetime) -> PendingAppend:
-    """The append to Lance `curated` of the rows `todo` gives once accepted."""
+def _pending_append(spark: SparkSession, cfg: Config, todo: DataFrame) -> PendingAppend:
+    """The append to Lance `curated` of the rows `todo` gives once accepted (their
+    schema derived here: no query planned)."""
     return Catalog.of(spark, cfg).curated.pending(to_arrow_schema(curated_schema(
-        todo, run_id=run_id, ingested_at=F.lit(now), extra=UPSTREAM_COLUMNS)))
+        todo.schema, extra=UPSTREAM_COLUMNS)))
 
 
 def _row_sink(spark: SparkSession, written: PendingAppend, refused: DataFrame | None,
