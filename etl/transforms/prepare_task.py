@@ -38,13 +38,10 @@ ARGS = ("_fp_process", "_fp_ref")
 # The result's type: nullable throughout (udfs/arrow_types.py), null where the row was
 # not processed.
 FP_TYPE = nullable_type(FETCH_PREPARE_TYPE)
-_FP_ARROW = FETCH_PREPARE_ARROW
 # With a sink: whether the row was written (every row), and what the sink returned for
 # the task's rows (on its last row; null elsewhere).
 FLAG = "_written"
 WRITTEN = "_sink_written"
-
-_COMPUTED = ("image_size_bytes", "run_id", "ingested_at")
 
 
 @dataclass(frozen=True)
@@ -86,9 +83,9 @@ def fp_struct(batches: Sequence[pa.RecordBatch], processed: pa.Array) -> pa.Stru
     if len(batches) == 1:  # a task's batch: its arrays as they are (no copy of the JPEGs)
         arrays = batches[0].columns
     else:
-        table = pa.Table.from_batches(batches, schema=_FP_ARROW)
+        table = pa.Table.from_batches(batches, schema=FETCH_PREPARE_ARROW)
         arrays = [column.combine_chunks() for column in table.columns]
-    return pa.StructArray.from_arrays(arrays, fields=list(_FP_ARROW),
+    return pa.StructArray.from_arrays(arrays, fields=list(FETCH_PREPARE_ARROW),
                                       mask=pc.invert(processed.fill_null(False)))
 
 
