@@ -50,9 +50,11 @@ vLLM, published).
 from __future__ import annotations
 
 import argparse
+import atexit
 import io
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -422,6 +424,8 @@ def run_spark(args) -> None:
 
     cores = args.slots
     work = Path(args.workdir or tempfile.mkdtemp(prefix="lakeshard-caption-bench-"))
+    if args.workdir is None:  # the checkpoint and tables of a temporary folder
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     path = build_checkpoint(args.arch, work / f"model-{args.arch}", "cpu", "float32",
                             args.max_pixels)
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, batch_size=args.batch_sizes[0],

@@ -14,7 +14,9 @@ per size, and how time grows with size (linear = the size ratio).
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -77,6 +79,7 @@ def main() -> None:
     from etl.transforms.dedup import connected_components, hash_pairs, lsh_masks
 
     work = tempfile.mkdtemp(prefix="dedup-bench-")
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     repo = Path(__file__).resolve().parents[1]
     cfg = parse_config({
         "storage": {"root": work},

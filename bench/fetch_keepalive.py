@@ -22,9 +22,11 @@ CPU is not counted) and the wall time of the pass.
 from __future__ import annotations
 
 import argparse
+import atexit
 import datetime
 import ipaddress
 import resource
+import shutil
 import ssl
 import subprocess
 import sys
@@ -126,6 +128,7 @@ def main() -> None:
     rules = rules_for(SourceConfig(name="web", kind="table", path=str(REPO),
                                    format="parquet", columns={"key": "key", "url": "url"}))
     work = Path(tempfile.mkdtemp(prefix="fetch-keepalive-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)
     body = photo(work)
     cert, key, pem = self_signed(work)
     print(f"{args.n} URLs per pass, one {body.stat().st_size / 1e3:.0f} kB JPEG; client: "

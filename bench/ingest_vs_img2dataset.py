@@ -6,7 +6,8 @@ no resize.
 
 * photos  -- N distinct JPEGs (q90) of 0.3-0.8 MP (`--megapixels`), random crops of the
              photos scikit-image bundles, flipped and noised: what LAION-style URL lists
-             mostly hold. Generated once per run into a temporary folder.
+             mostly hold. Generated once per run into a temporary folder, removed at the
+             end (`--work DIR` keeps photos and outputs there).
 * server  -- nginx (one worker, access log off) serving that folder, when `nginx` is on
              PATH (`apt-get install nginx-light`); otherwise Python's ThreadingHTTPServer
              in its own process, and the bench says so (it costs more CPU per request).
@@ -55,6 +56,7 @@ against img2dataset, in the same rounds.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import shutil
@@ -374,7 +376,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--jobs", action="store_true",
                     help="also print lakeshard's Spark jobs per curate step (event log)")
-    ap.add_argument("--work", default=None, help="folder for photos and outputs (temp)")
+    ap.add_argument("--work", default=None, help="folder for photos and outputs, kept "
+                    "afterwards (default: a temporary folder, removed at the end)")
     ap.add_argument("--fetch-cpu", action="store_true",
                     help="first, the CPU per URL of lakeshard's fetcher and of urllib "
                     "(img2dataset's), in this process, on the same server")
@@ -399,6 +402,8 @@ def main() -> None:
 
     exe = img2dataset_bin()
     work = Path(args.work or tempfile.mkdtemp(prefix="ingest-bench-"))
+    if args.work is None:  # photos and outputs (~0.2 GB per 1,000 URLs), removed at exit
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     work.mkdir(parents=True, exist_ok=True)
     work.chmod(0o755)  # nginx's workers run as an unprivileged user
     t0 = time.monotonic()

@@ -36,9 +36,11 @@ class archive, full JIT), on the same photos (same seed), for a side-by-side fig
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -280,7 +282,8 @@ def main() -> None:
     ap.add_argument("--rows-per-partition", type=int, default=250,
                     help="export partitions = N / this (at least 2): a partition's size "
                          "stays put as N grows, as the scale plan sizes them")
-    ap.add_argument("--work", default=None, help="folder for photos and tables (temp)")
+    ap.add_argument("--work", default=None, help="folder for photos and tables, kept "
+                    "afterwards (default: a temporary folder, removed at exit)")
     ap.add_argument("--cold", action="store_true",
                     help="first the three nights as a scheduler runs them: one `lakeshard "
                          "run` process each, the report on; then the warm figures")
@@ -300,6 +303,8 @@ def main() -> None:
 
     repo = Path(__file__).resolve().parents[1]
     work = Path(args.work or tempfile.mkdtemp(prefix="nightly-bench-"))
+    if args.work is None:  # photos and tables of a temporary folder, removed at exit
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
     raw = {
         "storage": {"root": str(work / "root")},
         # Driver memory as conf/local.yaml ships it (Spark's 1g default runs out of heap
