@@ -237,6 +237,7 @@ def hand_loop(cap, spec, images: list[bytes]) -> tuple[float, int]:
     """Processor + generate in table order, nothing else. (seconds, generated tokens)."""
     import torch
 
+    from udfs.caption_models import pixel_range_kwargs
     from udfs.captioner import load_image
 
     s = spec.settings
@@ -251,8 +252,9 @@ def hand_loop(cap, spec, images: list[bytes]) -> tuple[float, int]:
     for i in range(0, len(pil), s.batch_size):
         chunk = pil[i : i + s.batch_size]
         inputs = cap.processor(text=[prompt] * len(chunk), images=chunk, padding=True,
-                               return_tensors="pt", min_pixels=s.min_pixels,
-                               max_pixels=s.max_pixels).to(cap.device)
+                               return_tensors="pt", **pixel_range_kwargs(
+                                   cap.processor.image_processor, s.min_pixels,
+                                   s.max_pixels)).to(cap.device)
         inputs["pixel_values"] = inputs["pixel_values"].to(cap.model.dtype)
         with torch.inference_mode():
             out = cap.model.generate(**inputs, max_new_tokens=s.max_new_tokens,

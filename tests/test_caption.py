@@ -31,6 +31,7 @@ from udfs.caption import (  # noqa: E402
     caption_images,
     load_image,
 )
+from udfs.caption_models import pixel_range_kwargs  # noqa: E402
 from udfs.captioner import plan_batches  # noqa: E402
 
 PHOTOS = ("astronaut", "chelsea", "coffee", "rocket", "camera", "immunohistochemistry")
@@ -155,6 +156,29 @@ def test_plan_batches_groups_by_size_within_count_and_token_budget():
     assert plan_batches(tokens, 3, 24) == [[1], [4], [3, 2], [0, 5]]
     assert plan_batches([30, 2], 4, 24) == [[0], [1]]  # over the budget: alone
     assert plan_batches([], 4) == []
+
+
+def test_pixel_range_reaches_the_processor_as_its_transformers_takes_it(tiny_model):
+    from types import SimpleNamespace
+
+    from transformers import AutoProcessor, CLIPImageProcessor
+
+    # transformers 4.x (this venv): Qwen2-VL's image processor takes min/max_pixels.
+    qwen = AutoProcessor.from_pretrained(tiny_model).image_processor
+    assert pixel_range_kwargs(qwen, 784, 40000) == {"min_pixels": 784, "max_pixels": 40000}
+    # transformers 5 dropped those attributes and deprecated the arguments: the range is
+    # `size` in pixels. Its processor has the shape below (5.25.0: a SizeDict with
+    # shortest_edge / longest_edge, patch_size 14, merge_size 2; docs/captioning.md).
+    v5 = SimpleNamespace(size=SimpleNamespace(shortest_edge=3136, longest_edge=12845056,
+                                              height=None, width=None),
+                         patch_size=14, merge_size=2)
+    assert pixel_range_kwargs(v5, 784, 40000) == {
+        "size": {"shortest_edge": 784, "longest_edge": 40000}}
+    # Elsewhere shortest_edge is a side in pixels, not an area: nothing is passed.
+    clip = CLIPImageProcessor()
+    assert clip.size.get("shortest_edge") == 224 and not hasattr(clip, "min_pixels")
+    assert pixel_range_kwargs(clip, 784, 40000) == {}
+    assert pixel_range_kwargs(None, 784, 40000) == {}
 
 
 def _image_tokens(proc, data: bytes, spec: CaptionSpec) -> int:

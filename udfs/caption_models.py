@@ -30,6 +30,7 @@ __all__ = [
     "VLLMCaptioner",
     "BACKEND_CLASSES",
     "is_oom",
+    "pixel_range_kwargs",
     "release_gpu_memory",
 ]
 
@@ -200,6 +201,28 @@ def _token_factor(image_processor) -> int | None:
     return patch * merge if isinstance(patch, int) and isinstance(merge, int) else None
 
 
+def pixel_range_kwargs(image_processor, min_pixels: int, max_pixels: int) -> dict:
+    """The processor-call arguments that make a Qwen-style image processor resize into
+    ``[min_pixels, max_pixels]``; none for any other processor.
+
+    transformers 4.x takes ``min_pixels`` / ``max_pixels`` (the processor has them as
+    attributes). transformers 5 keeps the range in ``size`` (``shortest_edge`` and
+    ``longest_edge``, both in pixels for these processors) and warns that the old
+    arguments go away, so it gets ``size`` -- only where the processor is Qwen-style
+    (patch and merge sizes), since elsewhere ``shortest_edge`` is a side in pixels, not
+    an area."""
+    if image_processor is None:
+        return {}
+    if hasattr(image_processor, "min_pixels"):
+        return {"min_pixels": min_pixels, "max_pixels": max_pixels}
+    size = getattr(image_processor, "size", None)
+    edges = [size.get(k) if isinstance(size, dict) else getattr(size, k, None)
+             for k in ("shortest_edge", "longest_edge")]
+    if _token_factor(image_processor) is None or None in edges:
+        return {}
+    return {"size": {"shortest_edge": min_pixels, "longest_edge": max_pixels}}
+
+
 def _offline_if_local(spec: CaptionSpec) -> None:
     if spec.local_files_only:
         # Before transformers / huggingface_hub are imported in this worker.
@@ -242,7 +265,7 @@ class TransformersCaptioner(Captioner):
             spec.model_path, dtype=_torch_dtype(spec, device), **kw
         ).to(device).eval()
         ip = getattr(self.processor, "image_processor", None)
-        self._takes_pixels = ip is not None and hasattr(ip, "min_pixels")
+        self._image_processor = ip
         self._factor = _token_factor(ip)
         self._image_token_id = getattr(self.model.config, "image_token_id", None)
         eos = self.model.generation_config.eos_token_id
@@ -252,9 +275,8 @@ class TransformersCaptioner(Captioner):
 
     def _pixel_kwargs(self, spec: CaptionSpec) -> dict:
         # Qwen-style processors resize to a pixel range themselves: give them ours.
-        if not self._takes_pixels:
-            return {}
-        return {"min_pixels": spec.settings.min_pixels, "max_pixels": spec.settings.max_pixels}
+        return pixel_range_kwargs(self._image_processor, spec.settings.min_pixels,
+                                  spec.settings.max_pixels)
 
     def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:
         import torch
