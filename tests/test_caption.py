@@ -163,12 +163,22 @@ def test_pixel_range_reaches_the_processor_as_its_transformers_takes_it(tiny_mod
 
     from transformers import AutoProcessor, CLIPImageProcessor
 
-    # transformers 4.x (this venv): Qwen2-VL's image processor takes min/max_pixels.
-    qwen = AutoProcessor.from_pretrained(tiny_model).image_processor
-    assert pixel_range_kwargs(qwen, 784, 40000) == {"min_pixels": 784, "max_pixels": 40000}
-    # transformers 5 dropped those attributes and deprecated the arguments: the range is
-    # `size` in pixels. Its processor has the shape below (5.25.0: a SizeDict with
-    # shortest_edge / longest_edge, patch_size 14, merge_size 2; docs/captioning.md).
+    proc = AutoProcessor.from_pretrained(tiny_model)
+    img = Image.new("RGB", (200, 200), (90, 140, 200))
+
+    def grid(**kw):
+        out = proc(text=["<|vision_start|><|image_pad|><|vision_end|>"], images=[img],
+                   return_tensors="pt", **kw)
+        return out["image_grid_thw"].tolist()
+
+    # The checkpoint's own range ends at 12,544 px: 200x200 shrinks to 112x112 (8x8
+    # patches of 14). Within [784, 40000] it keeps 196x196 (200 rounded to 7 x 28), 14x14
+    # patches -- whichever way this transformers takes the range (4.x: min/max_pixels;
+    # 5.x: size).
+    assert grid() == [[1, 8, 8]]
+    assert grid(**pixel_range_kwargs(proc.image_processor, 784, 40000)) == [[1, 14, 14]]
+    # transformers 5's Qwen2-VL image processor, as 5.25.0 has it, where this venv has
+    # 4.x: no min_pixels attribute; the range is `size`, in pixels.
     v5 = SimpleNamespace(size=SimpleNamespace(shortest_edge=3136, longest_edge=12845056,
                                               height=None, width=None),
                          patch_size=14, merge_size=2)
@@ -176,7 +186,7 @@ def test_pixel_range_reaches_the_processor_as_its_transformers_takes_it(tiny_mod
         "size": {"shortest_edge": 784, "longest_edge": 40000}}
     # Elsewhere shortest_edge is a side in pixels, not an area: nothing is passed.
     clip = CLIPImageProcessor()
-    assert clip.size.get("shortest_edge") == 224 and not hasattr(clip, "min_pixels")
+    assert clip.size["shortest_edge"] == 224 and not hasattr(clip, "min_pixels")
     assert pixel_range_kwargs(clip, 784, 40000) == {}
     assert pixel_range_kwargs(None, 784, 40000) == {}
 
