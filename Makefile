@@ -81,7 +81,7 @@ test: setup jars-s3a browser
 	$(BIN)/lint-imports --no-logo
 	$(BIN)/pytest
 
-## The platform stand-ins (docs/operations.md, "Platforms"; ~10 min, not in `make test`):
+## The platform stand-ins (docs/operations.md, "Platforms"; ~14 min, not in `make test`):
 ## Python 3.12 venvs with the runtime's pyspark installed first, the built wheel as the
 ## platform installs it, then the deploy files' own entry points and arguments through
 ## spark-submit on the sample sources -- emr-spark-8.0.0 and DBR 17.3 (Spark 4.0.2,
