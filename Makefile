@@ -1,7 +1,8 @@
 # lakeshard — `make run` and `make test` do all set-up on first use:
 # a Python 3.11 venv with pinned packages (constraints.txt) and the Delta JARs (Maven).
 # The S3A connector JARs (`make jars-s3a`, 12 MB) are fetched only by `make test` and by
-# whoever runs with storage on s3:// -- `make run` on local disk never needs them.
+# whoever runs with storage on s3:// -- `make run` on local disk never needs them -- and
+# headless Chromium (`make browser`) only by `make test`.
 SHELL  := /bin/bash
 PYTHON ?= python3.11
 VENV   := .venv
