@@ -114,6 +114,13 @@ def _raw_caption(version: dict, **extra) -> dict:
         (_raw_caption({}, default="v2"), "caption.default"),
         ({"caption": {"versions": {"Qwen-VL": {"model": "m"}}}}, "caption.versions.Qwen-VL"),
         ({"caption": {"versions": {"v1": {"prompt": "x"}}}}, "caption.versions.v1.model"),
+        (_raw_caption({"kv_cache": "paged"}), "caption.versions.v1.kv_cache"),
+        (_raw_caption({"compile": True, "device": "cuda"}), "caption.versions.v1.compile"),
+        (_raw_caption({"compile": True, "kv_cache": "static"}), "caption.versions.v1.compile"),
+        (_raw_caption({"cache_bucket": 0}), "caption.versions.v1.cache_bucket"),
+        (_raw_caption({"vision_attention": "flex"}), "caption.versions.v1.vision_attention"),
+        (_raw_caption({"backend": "vllm", "device": "cuda", "kv_cache": "static"}),
+         "caption.versions.v1.backend"),
     ],
 )
 def test_bad_caption_config_names_the_field(tmp_path, caption, field):

@@ -40,23 +40,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from udfs.caption_models import (
-    BACKEND_CLASSES,
     BACKENDS,
     Captioner,
     CaptionSettings,
     CaptionSpec,
     Generated,
-    TransformersCaptioner,
     VLLMCaptioner,
     is_oom,
     release_gpu_memory,
 )
+from udfs.caption_transformers import TransformersCaptioner
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_CLASSES",
     "STATUSES",
     "CHECK_FLAGS",
     "CaptionSettings",
@@ -87,6 +87,9 @@ STATUSES = ("ok", "bad_image", "failed")
 #   repetition   a phrase repeats back to back (a generation loop)
 #   language_mismatch  the text is mostly not in the expected language's script
 CHECK_FLAGS = ("empty", "truncated", "repetition", "language_mismatch")
+# The backend a version's `backend` names.
+BACKEND_CLASSES: dict[str, type[Captioner]] = {
+    "transformers": TransformersCaptioner, "vllm": VLLMCaptioner}
 
 
 # ----------------------------------------------------------------------- images
@@ -387,6 +390,9 @@ def caption_images(spec: CaptionSpec, images: Sequence[bytes | None],
                 got[i] = load_image(images[i], s.min_pixels, s.max_pixels)
             except ValueError as exc:  # a header that parses over bytes that do not
                 got[i] = exc
+        # The backend's CPU work for the batch as generate() will get it (the decoded
+        # images in plan order), here while the previous batch generates.
+        cap.prepare_ahead([im for im in got.values() if not isinstance(im, ValueError)], spec)
         return got
 
     with ThreadPoolExecutor(1, thread_name_prefix="caption-decode") as pool:
