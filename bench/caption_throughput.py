@@ -299,13 +299,13 @@ def lakeshard_loop(cap, spec, windows: list[list[bytes]], by_size: bool) -> Pass
                 pad / (pad + real) if pad + real else 0.0, statuses)
 
 
-def _row(name: str, p: Pass) -> str:
+def _row(name: str, p: Pass, runs: str = "") -> str:
     pad = f"{100 * p.padding_share:5.1f} %" if p.padding_share is not None else "      -"
-    return (f"{name:34}{p.images / p.seconds:>10.2f}{p.tokens / p.seconds:>10.0f}"
-            f"{p.tokens / p.images:>12.1f}{pad:>10}  {p.statuses or ''}")
+    return (f"{name:40}{p.images / p.seconds:>10.2f}{p.tokens / p.seconds:>10.0f}"
+            f"{p.tokens / p.images:>12.1f}{pad:>10}  {p.statuses or ''}{runs}")
 
 
-_HEADER = f"{'':34}{'images/s':>10}{'tokens/s':>10}{'tokens/img':>12}{'padding':>10}  statuses"
+_HEADER = f"{'':40}{'images/s':>10}{'tokens/s':>10}{'tokens/img':>12}{'padding':>10}  statuses"
 
 
 # ----------------------------------------------------------------------- --bare
@@ -319,6 +319,14 @@ VARIANTS = {
     "ahead": {"prepare_ahead": True},
     "fast": {"kv_cache": "static", "prepare_ahead": True, "compile": "cuda"},
     "hand": {},
+}
+LABELS = {
+    "hand": "hand loop (table order)",
+    "table": "caption_images, table order",
+    "plain": "caption_images, grouped by size",
+    "static": "  + static KV cache",
+    "ahead": "  + processor ahead",
+    "fast": "  + static, ahead, compiled (cuda)",
 }
 
 
@@ -445,9 +453,9 @@ def run_bare(args) -> None:
         print(f"batch size {batch}, best of {args.repeats}:\n{_HEADER}")
         for v, ps in passes.items():
             if ps:
-                print(_row(f"{v} (runs: " + ", ".join(f"{p.images / p.seconds:.2f}"
-                                                      for p in ps) + ")",
-                           min(ps, key=lambda p: p.seconds)), flush=True)
+                runs = ", ".join(f"{p.images / p.seconds:.2f}" for p in ps)
+                print(_row(f"{LABELS[v]} [{v}]", min(ps, key=lambda p: p.seconds),
+                           f"  runs: {runs} images/s"), flush=True)
 
 
 def _copy_worker(args_dict: dict, share: list[bytes], variant: str, batch: int, barrier,
