@@ -14,14 +14,16 @@ compute depends only on the size) at mixed sizes within ``--max-pixels``.
 Two parts:
 
 ``--bare`` (a GPU box: needs only torch, transformers and Pillow -- no pyspark, no
-project install, no network; run it from a copy of the repository). Per batch size,
-side by side on one model instance:
-
-* hand loop        -- processor (chat template, left padding) + ``model.generate`` in
-                      table order on pre-decoded images: what one writes by hand;
-* table order      -- lakeshard's ``caption_images`` (decode, resize, generate, per-row
-                      errors, caption checks) with batches in table order;
-* grouped by size  -- the same, batches grouped by image-token count (the default).
+project install, no network; run it from a copy of the repository; ``gpu_caption.sh``
+is the prepared run). Per batch size, on one model instance, ``caption_images`` (the
+stage's own code path) in each of ``--variants`` (:data:`VARIANTS`: ``plain`` generate,
+``table`` order, ``static`` KV cache, processor ``ahead``, the ``fast`` path = static +
+ahead + compiled on CUDA, and the ``hand`` loop): a warm-up batch per variant that
+checks its greedy tokens against plain generate's, then ``--repeats`` passes,
+alternating, the order reversed every repeat. Every pass prints where each batch's time
+went (``caption_profile.py``: processor, vision tower, prefill, ms per decode step, idle
+between batches). ``--copies 1,2,4``: instead, that many processes with a model copy
+each sharing the device.
 
 ``--spark`` (CPU, local[2], the project installed): the Spark caption stage against a
 bare loop over ``caption_images`` on the same images, same model, same windows (one per
@@ -39,6 +41,7 @@ The sides alternate for ``--rounds`` rounds; the best of each is kept.
 Run::
 
     python bench/caption_throughput.py --bare                    # H100/H200: 7B, bf16
+    bash bench/gpu_caption.sh                                     # the prepared GPU run
     .venv/bin/python bench/caption_throughput.py --spark          # CPU, ~15 min here
     python bench/caption_throughput.py --bare --arch tiny --device cpu --images 8 \\
         --batch-sizes 4 --max-new-tokens 8 --max-pixels 12544     # a smoke run anywhere
@@ -388,31 +391,41 @@ def _profiled_pass(cap, spec, images: list[bytes], variant: str, show: bool) -> 
     return p
 
 
-def _warm(cap, spec, images: list[bytes], variants: list[str]) -> None:
-    """One untimed batch per variant at this batch size: kernels, allocator, and the
-    compiled decode step of a static cache (compiled per batch shape)."""
-    t0 = time.perf_counter()
+def _warm(cap, spec, images: list[bytes], variants: list[str]) -> list[str]:
+    """One untimed batch per variant at this batch size (kernels, the allocator, the
+    decode step a static cache compiles per batch shape), straight through the backend
+    so that an error is one line, not a batch retried row by row. Prints each variant's
+    greedy tokens against plain generate's on that batch; returns the variants that ran."""
+    from udfs.captioner import load_image
+
+    s = spec.settings
+    pil = [load_image(b, s.min_pixels, s.max_pixels) for b in images[: s.batch_size]]
+    tokens, ok = {}, []
     for v in variants:
-        _profiled_pass(cap, spec, images[: spec.settings.batch_size], v, show=False)
-    print(f"  warm-up ({', '.join(variants)}, one batch each): "
-          f"{time.perf_counter() - t0:.1f} s", flush=True)
-
-
-def _compare_batch(cap, spec, images: list[bytes], variants: list[str]) -> None:
-    """Greedy tokens of each variant against plain generate's, row for row."""
-    runs = {}
-    for v in ["plain", *[v for v in variants if v not in ("plain", "hand", "table")]]:
-        _profiled_pass(cap, spec, images, v, show=False)
-        runs[v] = [row for b in cap.batches for row in b.tokens]
-    for v, rows in runs.items():
-        if v == "plain":
+        if v in ("hand", "table"):  # plain's code path
+            ok.append(v)
             continue
-        same = sum(a == b for a, b in zip(rows, runs["plain"], strict=True))
-        diverge = [next(k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
-                   for a, b in zip(rows, runs["plain"], strict=True) if a != b]
-        print(f"  tokens {v} vs plain: {same} of {len(rows)} rows identical"
-              + (f"; others diverge at steps {sorted(diverge)[:8]}" if diverge else ""),
+        t0 = time.perf_counter()
+        cap.reset()
+        try:
+            cap.generate(pil, replace(spec, settings=variant_settings(v, s)))
+        except Exception as exc:  # noqa: BLE001 - reported, the variant is dropped
+            print(f"  warm-up {v}: {type(exc).__name__}: {str(exc)[:300]} -- left out",
+                  flush=True)
+            cap.release_memory()
+            continue
+        tokens[v] = [row for b in cap.batches for row in b.tokens]
+        ok.append(v)
+        print(f"  warm-up {v}: {len(pil)} images in {time.perf_counter() - t0:.1f} s",
               flush=True)
+    for v, rows in tokens.items():
+        if v != "plain" and "plain" in tokens:
+            same = sum(a == b for a, b in zip(rows, tokens["plain"], strict=True))
+            where = sorted(next(k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+                           for a, b in zip(rows, tokens["plain"], strict=True) if a != b)
+            print(f"  tokens {v} vs plain: {same} of {len(rows)} rows identical"
+                  + (f"; the others diverge at steps {where[:8]}" if where else ""), flush=True)
+    return ok
 
 
 def run_bare(args) -> None:
@@ -428,18 +441,13 @@ def run_bare(args) -> None:
           f"max_new_tokens {args.max_new_tokens}, variants {','.join(args.variants)}, "
           f"{args.repeats} repeat(s), order reversed every repeat; reference {REFERENCE}",
           flush=True)
-    if args.check_equal:
-        s = replace(spec, settings=replace(spec.settings, batch_size=min(
-            args.check_equal, args.batch_sizes[0])))
-        _warm(cap, s, images, [v for v in args.variants if v != "hand"])
-        _compare_batch(cap, s, images[: args.check_equal], args.variants)
     for batch in args.batch_sizes:
         s = replace(spec, settings=replace(spec.settings, batch_size=batch))
         print(f"\nbatch size {batch}", flush=True)
-        _warm(cap, s, images, args.variants)
-        passes: dict[str, list[Pass]] = {v: [] for v in args.variants}
+        variants = _warm(cap, s, images, args.variants)
+        passes: dict[str, list[Pass]] = {v: [] for v in variants}
         for r in range(args.repeats):
-            order = args.variants if r % 2 == 0 else args.variants[::-1]
+            order = variants if r % 2 == 0 else variants[::-1]
             for v in order:
                 print(f"  repeat {r + 1}, {v}:", flush=True)
                 try:
@@ -702,9 +710,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=2,
                     help="--bare: timed passes per variant, alternating (order reversed "
                          "every repeat)")
-    ap.add_argument("--check-equal", type=int, default=0, metavar="N",
-                    help="--bare: first compare the greedy tokens of every variant with "
-                         "plain generate on N images")
     ap.add_argument("--copies", type=_ints, default=None,
                     help="--bare: instead, N processes with a model copy each on the "
                          "device, for each N (e.g. 1,2,4); first batch size")

@@ -259,15 +259,22 @@ class _OomAboveOne(TransformersCaptioner):
         return super().generate(images, spec)
 
 
-def test_out_of_memory_halves_the_batch_until_it_fits(tiny_model):
-    spec = _spec(tiny_model, batch_size=4)
+# Plain generate, and the fast path (static KV cache, the processor run ahead).
+PATHS = pytest.mark.parametrize("path", [{}, {"kv_cache": "static", "prepare_ahead": True}],
+                                ids=["plain", "fast"])
+
+
+@PATHS
+def test_out_of_memory_halves_the_batch_until_it_fits(tiny_model, path):
+    spec = _spec(tiny_model, batch_size=4, **path)
     cap = _OomAboveOne(spec, "cpu")
     cap.calls = []
     images = [_photo_jpeg(n) for n in PHOTOS[:5]]
     out = caption_images(spec, images, cap)
     assert out.status == ["ok"] * 5
     assert cap.calls == [4, 2, 1, 1, 1, 1, 1] and cap.batch_limit == 1
-    reference = caption_images(spec, images)  # a captioner without the limit
+    # A captioner without the limit, on plain generate.
+    reference = caption_images(_spec(tiny_model, batch_size=4), images)
     assert out.caption == reference.caption
 
 
@@ -280,8 +287,9 @@ class _FailsOnTinyImages(TransformersCaptioner):
         return super().generate(images, spec)
 
 
-def test_a_failing_row_is_isolated_and_the_others_are_captioned(tiny_model):
-    spec = _spec(tiny_model, batch_size=4, min_pixels=28 * 28)
+@PATHS
+def test_a_failing_row_is_isolated_and_the_others_are_captioned(tiny_model, path):
+    spec = _spec(tiny_model, batch_size=4, min_pixels=28 * 28, **path)
     tiny = io.BytesIO()
     Image.new("RGB", (28, 28), (9, 9, 9)).save(tiny, format="PNG")
     images = [_photo_jpeg("astronaut"), tiny.getvalue(), _photo_jpeg("rocket")]
