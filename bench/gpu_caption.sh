@@ -14,10 +14,12 @@
 #   1. build the random 7B checkpoint (~40 s, reused by the later steps), then batch 128:
 #      a warm-up batch per variant (compiles the fast path's decode step; checks its
 #      greedy tokens against plain generate's, row for row), then plain and fast
-#      alternating, 2 repeats, 256 images, every batch profiled;
-#   2. batch 64 the same, 1 repeat;
+#      alternating, 2 repeats, 256 images, every batch profiled (limit 300 s);
+#   2. batch 64 the same, 1 repeat, 128 images (120 s);
 #   3. 1, 2 and 4 copies of the model as processes sharing the GPU, plain generate at
-#      batch 32 (the smallest batch last), 256 images split between the copies.
+#      batch 32 (the smallest batch last), 128 images split between the copies (150 s).
+#
+# The limits add up to 570 s: give the device tool's run timeout_s=600.
 #
 # Override with environment variables: PYTHON, WORKDIR (the checkpoint; default
 # /tmp/lakeshard-gpu-bench), IMAGES, LIMIT1/LIMIT2/LIMIT3 (seconds per step), and for a
@@ -55,10 +57,10 @@ step() {  # step LIMIT_SECONDS NAME ARGS...: one bench run under a time limit, l
     nproc
 } 2>&1 | tee "$LOG"
 
-step "${LIMIT1:-270}" "batch 128, plain vs fast" \
+step "${LIMIT1:-300}" "batch 128, plain vs fast" \
     --batch-sizes 128 --variants plain,fast --repeats 2
-step "${LIMIT2:-130}" "batch 64, plain vs fast" \
-    --batch-sizes 64 --variants plain,fast --repeats 1
+step "${LIMIT2:-120}" "batch 64, plain vs fast" \
+    --batch-sizes 64 --variants plain,fast --repeats 1 --images "$((IMAGES / 2))"
 step "${LIMIT3:-150}" "copies per GPU" \
-    --batch-sizes 32 --copies 1,2,4 --copies-variant plain
+    --batch-sizes 32 --copies 1,2,4 --copies-variant plain --images "$((IMAGES / 2))"
 echo "=== done $(date -u +%FT%TZ)" | tee -a "$LOG"
