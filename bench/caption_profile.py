@@ -8,17 +8,18 @@ parts, so the bench times ``caption_images`` itself (the stage's own code path):
   thread when the version prepares ahead, else in the generating thread;
 * the vision tower (forward hooks on it);
 * the prefill (from ``generate``'s start to its first token, less the vision tower);
-* the decode steps: a logits processor that changes nothing stamps every step, outside
-  any compiled region (ms per step = first to last stamp / steps - 1);
+* the decode steps: a logits processor that changes nothing stamps every new token,
+  outside any compiled region; a decode step is the time between two stamps (the
+  first one apart: it holds a compile's warm-up), ms per step the mean of the others;
 * idle: the generating thread's time between one ``generate`` returning and the next
   starting (output decoding, caption checks, waiting on the decode thread): the
   accelerator has nothing queued then, since ``generate`` ends by copying its output
   to the host.
 
-On CUDA every stamp synchronises first, so a stamp is when the GPU finished; on CPU the
-clock is wall time. ``generate`` already synchronises once per step (its stopping
-check), so the stamps add little. Only torch, transformers and the standard library:
-it runs where the bare bench runs.
+On CUDA the stamps are CUDA events on the stream (read after ``generate`` returns, so
+they add no synchronisation: transformers 5 defers its per-step stopping check to keep
+host and GPU overlapped); on a CPU the clock is wall time. Only torch, transformers and
+the standard library: it runs where the bare bench runs.
 """
 
 from __future__ import annotations
@@ -45,24 +46,38 @@ class BatchProfile:
     vision_ms: float = 0.0
     prefill_ms: float = 0.0
     steps: int = 0
-    first_step_ms: float = 0.0  # after the first token: includes a compile warm-up
-    step_ms: float = 0.0  # mean of the later steps
+    # `steps` tokens: the prefill makes the first, a decode step each of the others.
+    first_step_ms: float = 0.0  # the first decode step: holds a compile's warm-up
+    step_ms: float = 0.0  # mean of the later decode steps
     generate_ms: float = 0.0
     idle_before_ms: float = 0.0
     tokens: list[list[int]] = field(default_factory=list)  # generated ids, per row
 
 
 class _Clock:
+    """Marks on the GPU's stream (CUDA events: no synchronisation between them, so
+    ``generate``'s own overlap of host and device is left alone) or wall time on a CPU;
+    :meth:`settle` waits for the marks before they are read."""
+
     def __init__(self, device: str):
         import torch
 
         self._cuda = device.startswith("cuda")
         self._torch = torch
 
-    def now(self) -> float:
+    def mark(self):
+        if self._cuda:
+            event = self._torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def settle(self) -> None:
         if self._cuda:
             self._torch.cuda.synchronize()
-        return time.perf_counter()
+
+    def seconds(self, start, end) -> float:
+        return start.elapsed_time(end) / 1000 if self._cuda else end - start
 
 
 # Image decode time of the current pass (load_image runs in the decode thread).
@@ -103,8 +118,8 @@ class ProfiledCaptioner(TransformersCaptioner):
         vision = getattr(getattr(model, "model", model), "visual", None) or getattr(
             model, "visual", None)
         if vision is not None:
-            vision.register_forward_pre_hook(lambda *_: self._vision.append(self.clock.now()))
-            vision.register_forward_hook(lambda *_: self._vision.append(self.clock.now()))
+            vision.register_forward_pre_hook(lambda *_: self._vision.append(self.clock.mark()))
+            vision.register_forward_hook(lambda *_: self._vision.append(self.clock.mark()))
 
     def reset(self) -> None:
         """Start a new pass: no batches, no idle time before the first one."""
@@ -127,30 +142,33 @@ class ProfiledCaptioner(TransformersCaptioner):
     def _run(self, inputs, gen: dict):
         from transformers import LogitsProcessorList
 
-        stamps: list[float] = []
         clock = self.clock
+        stamps: list = []
 
         def stamp(input_ids, scores):
-            stamps.append(clock.now())
+            stamps.append(clock.mark())
             return scores
 
         n, processor_ms, ahead = self._pending
         prof = BatchProfile(n, int(inputs["input_ids"].shape[1]), processor_ms, ahead)
         self._vision = []
-        t0 = clock.now()
-        prof.idle_before_ms = 0.0 if self._last_end is None else 1000 * (t0 - self._last_end)
+        start = clock.mark()
         out = super()._run(inputs, {**gen, "logits_processor": LogitsProcessorList([stamp])})
-        end = clock.now()
+        end = clock.mark()
+        clock.settle()
+        ms = lambda a, b: 1000 * clock.seconds(a, b)  # noqa: E731
+        if self._last_end is not None:
+            prof.idle_before_ms = ms(self._last_end, start)
         self._last_end = end
-        vision = sum(b - a for a, b in zip(self._vision[::2], self._vision[1::2], strict=False))
-        prof.vision_ms = 1000 * vision
-        prof.generate_ms = 1000 * (end - t0)
+        prof.vision_ms = sum(ms(a, b) for a, b in zip(self._vision[::2], self._vision[1::2],
+                                                        strict=False))
+        prof.generate_ms = ms(start, end)
         if stamps:
-            prof.prefill_ms = 1000 * (stamps[0] - t0 - vision)
+            prof.prefill_ms = ms(start, stamps[0]) - prof.vision_ms
             prof.steps = len(stamps)
-            steps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)] + [end - stamps[-1]]
-            prof.first_step_ms = 1000 * steps[0]
-            prof.step_ms = 1000 * statistics.fmean(steps[1:]) if len(steps) > 1 else 0.0
+            steps = [ms(a, b) for a, b in zip(stamps, stamps[1:], strict=False)]
+            prof.first_step_ms = steps[0] if steps else ms(stamps[0], end)
+            prof.step_ms = statistics.fmean(steps[1:]) if len(steps) > 1 else 0.0
         prof.tokens = out[:, inputs["input_ids"].shape[1]:].tolist()
         self.batches.append(prof)
         return out
@@ -173,8 +191,8 @@ def format_profile(batches: list[BatchProfile], decode: tuple[float, int], secon
             f"{b.generate_ms:>12.0f} {b.idle_before_ms:>8.0f}")
     total = {k: sum(getattr(b, k) for b in batches) / 1000 for k in (
         "processor_ms", "vision_ms", "prefill_ms", "generate_ms", "idle_before_ms")}
-    steps = sum(max(b.steps - 1, 0) for b in batches)
-    step_s = sum(b.step_ms * max(b.steps - 1, 0) for b in batches) / 1000
+    steps = sum(max(b.steps - 2, 0) for b in batches)  # decode steps after the first
+    step_s = sum(b.step_ms * max(b.steps - 2, 0) for b in batches) / 1000
     first_s = sum(b.first_step_ms for b in batches) / 1000
     lines.append(
         f"  pass {seconds:.2f} s: generate {total['generate_ms']:.2f} s = vision "

@@ -68,11 +68,11 @@ def test_bare_bench_runs_without_spark_pydantic_pandas_or_the_project(tmp_path):
     assert "hidden modules imported: none" in out
     # The greedy tokens of the fast path are plain generate's.
     assert "tokens fast vs plain: 2 of 2 rows identical" in out, out  # the warm-up batch
-    # Where the time went, per pass: 2 batches of 2 images, each 3 new tokens = a first
-    # step and 2 later ones.
+    # Where the time went, per pass: 2 batches of 2 images, each 3 new tokens = the
+    # prefill's token, a first decode step and one later one.
     passes = [line for line in out.splitlines() if line.strip().startswith("pass ")]
     assert len(passes) == 3 * 2, out  # table, plain, fast; 2 repeats each (hand: none)
-    assert all("4 later steps" in line and "ms/step" in line for line in passes), passes
+    assert all("2 later steps" in line and "ms/step" in line for line in passes), passes
     batches = [line.split() for line in out.splitlines()
                if line.strip()[:1].isdigit() and len(line.split()) == 11]
     assert len(batches) == 6 * 2 and all(b[1] == "2" and b[6] == "3" for b in batches), out

@@ -16,6 +16,8 @@ attributes of :class:`CaptionSettings` (in lakeshard, ``etl.config.CaptionVersio
    tokens -- so one large image no longer pads a batch of thumbnails;
 3. a background thread decodes and resizes the next batch while the current one
    generates (Pillow releases the GIL), so the accelerator does not wait on JPEG decode;
+   it then hands the batch to the backend's ``prepare_ahead`` (the transformers backend
+   runs its processor there when the version sets ``prepare_ahead``);
 4. results go back to their input rows; every row gets a status, and the batch's padding
    is counted (:attr:`Captioned.padding_share`).
 
@@ -24,8 +26,9 @@ row by row so only the bad row is ``failed``; CUDA out-of-memory halves the batc
 for the rest of the worker's life and retries. A backend that returns the wrong number
 of outputs is a bug and raises.
 
-The models themselves -- settings, spec, the ``transformers`` and ``vllm`` backends --
-are :mod:`udfs.caption_models`; this module keeps one loaded backend per Python worker
+The models themselves -- settings, spec, the ``vllm`` backend -- are
+:mod:`udfs.caption_models`, the ``transformers`` backend (and its fast generation path)
+:mod:`udfs.caption_transformers`; this module keeps one loaded backend per Python worker
 (:func:`get_captioner`).
 """
 
