@@ -14,14 +14,16 @@ compute depends only on the size) at mixed sizes within ``--max-pixels``.
 Two parts:
 
 ``--bare`` (a GPU box: needs only torch, transformers and Pillow -- no pyspark, no
-project install, no network; run it from a copy of the repository). Per batch size,
-side by side on one model instance:
-
-* hand loop        -- processor (chat template, left padding) + ``model.generate`` in
-                      table order on pre-decoded images: what one writes by hand;
-* table order      -- lakeshard's ``caption_images`` (decode, resize, generate, per-row
-                      errors, caption checks) with batches in table order;
-* grouped by size  -- the same, batches grouped by image-token count (the default).
+project install, no network; run it from a copy of the repository; ``gpu_caption.sh``
+is the prepared run). Per batch size, on one model instance, ``caption_images`` (the
+stage's own code path) in each of ``--variants`` (:data:`VARIANTS`: ``plain`` generate,
+``table`` order, ``static`` KV cache, processor ``ahead``, the ``fast`` path = static +
+ahead + compiled on CUDA, and the ``hand`` loop): a warm-up batch per variant that
+checks its greedy tokens against plain generate's, then ``--repeats`` passes,
+alternating, the order reversed every repeat. Every pass prints where each batch's time
+went (``caption_profile.py``: processor, vision tower, prefill, ms per decode step, idle
+between batches). ``--copies 1,2,4``: instead, that many processes with a model copy
+each sharing the device.
 
 ``--spark`` (CPU, local[2], the project installed): the Spark caption stage against a
 bare loop over ``caption_images`` on the same images, same model, same windows (one per
@@ -39,6 +41,7 @@ The sides alternate for ``--rounds`` rounds; the best of each is kept.
 Run::
 
     python bench/caption_throughput.py --bare                    # H100/H200: 7B, bf16
+    bash bench/gpu_caption.sh                                     # the prepared GPU run
     .venv/bin/python bench/caption_throughput.py --spark          # CPU, ~15 min here
     python bench/caption_throughput.py --bare --arch tiny --device cpu --images 8 \\
         --batch-sizes 4 --max-new-tokens 8 --max-pixels 12544     # a smoke run anywhere
@@ -63,6 +66,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))  # caption_profile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
@@ -134,6 +138,11 @@ class BenchSettings:
     language: str | None = None
     trust_remote_code: bool = False
     gpu_memory_utilization: float | None = None
+    kv_cache: str = "dynamic"
+    compile: bool = False
+    cache_bucket: int = 256
+    prepare_ahead: bool = False
+    vision_attention: str | None = None
 
 
 # ----------------------------------------------------------------------- inputs
@@ -293,59 +302,222 @@ def lakeshard_loop(cap, spec, windows: list[list[bytes]], by_size: bool) -> Pass
                 pad / (pad + real) if pad + real else 0.0, statuses)
 
 
-def _row(name: str, p: Pass) -> str:
+def _row(name: str, p: Pass, runs: str = "") -> str:
     pad = f"{100 * p.padding_share:5.1f} %" if p.padding_share is not None else "      -"
-    return (f"{name:34}{p.images / p.seconds:>10.2f}{p.tokens / p.seconds:>10.0f}"
-            f"{p.tokens / p.images:>12.1f}{pad:>10}  {p.statuses or ''}")
+    return (f"{name:40}{p.images / p.seconds:>10.2f}{p.tokens / p.seconds:>10.0f}"
+            f"{p.tokens / p.images:>12.1f}{pad:>10}  {p.statuses or ''}{runs}")
 
 
-_HEADER = f"{'':34}{'images/s':>10}{'tokens/s':>10}{'tokens/img':>12}{'padding':>10}  statuses"
+_HEADER = f"{'':40}{'images/s':>10}{'tokens/s':>10}{'tokens/img':>12}{'padding':>10}  statuses"
 
 
 # ----------------------------------------------------------------------- --bare
 
+# What each --variants name runs: caption_images (grouped by size unless said) with
+# these settings; "hand" is the hand-written processor + generate loop.
+VARIANTS = {
+    "plain": {},  # generate with its dynamic cache: today's default
+    "table": {},  # the same, batches in table order (by_size=False)
+    "static": {"kv_cache": "static"},
+    "ahead": {"prepare_ahead": True},
+    "fast": {"kv_cache": "static", "prepare_ahead": True, "compile": "cuda"},
+    "hand": {},
+}
+LABELS = {
+    "hand": "hand loop (table order)",
+    "table": "caption_images, table order",
+    "plain": "caption_images, grouped by size",
+    "static": "  + static KV cache",
+    "ahead": "  + processor ahead",
+    "fast": "  + static, ahead, compiled (cuda)",
+}
 
-def run_bare(args) -> None:
+
+def variant_settings(name: str, settings: BenchSettings) -> BenchSettings:
+    """The settings of variant `name` (compile only on a GPU)."""
+    extra = dict(VARIANTS[name])
+    if extra.get("compile") == "cuda":
+        extra["compile"] = settings.device.startswith("cuda")
+    return replace(settings, **extra)
+
+
+def _load_bare(args):
+    """Build (once) and load the bench checkpoint: (captioner, spec, what was loaded)."""
     import torch
+    from caption_profile import ProfiledCaptioner
 
-    from udfs.captioner import CaptionSpec, TransformersCaptioner
+    from udfs.captioner import CaptionSpec
 
     dtype = args.dtype or ("bfloat16" if args.device.startswith("cuda") else "float32")
     workdir = Path(args.workdir or tempfile.gettempdir()) / f"lakeshard-bench-{args.arch}-{dtype}"
     t0 = time.perf_counter()
     path = build_checkpoint(args.arch, workdir, args.device, dtype, args.max_pixels)
+    built = time.perf_counter() - t0
     settings = BenchSettings(max_new_tokens=args.max_new_tokens, min_pixels=args.min_pixels,
-                             max_pixels=args.max_pixels, device=args.device, dtype=dtype)
+                             max_pixels=args.max_pixels, device=args.device, dtype=dtype,
+                             vision_attention=args.vision_attention,
+                             cache_bucket=args.cache_bucket)
     spec = CaptionSpec(settings=settings, model_path=str(path), local_files_only=True)
-    cap = TransformersCaptioner(spec, args.device)
+    cap = ProfiledCaptioner(spec, args.device)
     params = sum(p.numel() for p in cap.model.parameters())
     size = f"{params / 1e9:.2f} B" if params >= 1e9 else f"{params / 1e6:.1f} M"
-    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
-    attn = getattr(cap.model.config, "_attn_implementation", "?")
-    print(f"{args.arch}: {size} parameters, {dtype}, attention {attn}, on "
-          f"{args.device} ({gpu}); torch {torch.__version__}; checkpoint ready in "
-          f"{time.perf_counter() - t0:.0f} s")
+    gpu = torch.cuda.get_device_name() if args.device.startswith("cuda") else (
+        f"cpu, {torch.get_num_threads()} torch threads")
+    cfg = cap.model.config
+    attn = (f"text {getattr(cfg.get_text_config(), '_attn_implementation', '?')}, vision "
+            f"{getattr(getattr(cfg, 'vision_config', None), '_attn_implementation', '?')}")
+    import transformers
+
+    print(f"{args.arch}: {size} parameters, {dtype}, attention {attn}, on {args.device} "
+          f"({gpu}); torch {torch.__version__}, transformers {transformers.__version__}; "
+          f"checkpoint ready in {built:.0f} s, loaded in {time.perf_counter() - t0 - built:.0f} s",
+          flush=True)
+    return cap, spec
+
+
+def _profiled_pass(cap, spec, images: list[bytes], variant: str, show: bool) -> Pass:
+    """One timed pass of `variant` over `images`, its batches printed when `show`."""
+    from caption_profile import format_profile, take_decode_seconds
+
+    if variant == "hand":
+        secs, toks = hand_loop(cap, spec, images)
+        return Pass(secs, len(images), toks)
+    cap.reset()
+    p = lakeshard_loop(cap, replace(spec, settings=variant_settings(variant, spec.settings)),
+                       [images], by_size=variant != "table")
+    if show:
+        for line in format_profile(cap.batches, take_decode_seconds(), p.seconds):
+            print("    " + line)
+    return p
+
+
+def _warm(cap, spec, images: list[bytes], variants: list[str]) -> list[str]:
+    """One untimed batch per variant at this batch size (kernels, the allocator, the
+    decode step a static cache compiles per batch shape), straight through the backend
+    so that an error is one line, not a batch retried row by row. Prints each variant's
+    greedy tokens against plain generate's on that batch; returns the variants that ran."""
+    from udfs.captioner import load_image
+
+    s = spec.settings
+    pil = [load_image(b, s.min_pixels, s.max_pixels) for b in images[: s.batch_size]]
+    tokens, ok = {}, []
+    for v in variants:
+        if v in ("hand", "table"):  # plain's code path
+            ok.append(v)
+            continue
+        t0 = time.perf_counter()
+        cap.reset()
+        try:
+            cap.generate(pil, replace(spec, settings=variant_settings(v, s)))
+        except Exception as exc:  # noqa: BLE001 - reported, the variant is dropped
+            print(f"  warm-up {v}: {type(exc).__name__}: {str(exc)[:300]} -- left out",
+                  flush=True)
+            cap.release_memory()
+            continue
+        tokens[v] = [row for b in cap.batches for row in b.tokens]
+        ok.append(v)
+        print(f"  warm-up {v}: {len(pil)} images in {time.perf_counter() - t0:.1f} s",
+              flush=True)
+    for v, rows in tokens.items():
+        if v != "plain" and "plain" in tokens:
+            same = sum(a == b for a, b in zip(rows, tokens["plain"], strict=True))
+            where = sorted(next(k for k, (x, y) in enumerate(zip(a, b, strict=False)) if x != y)
+                           for a, b in zip(rows, tokens["plain"], strict=True) if a != b)
+            print(f"  tokens {v} vs plain: {same} of {len(rows)} rows identical"
+                  + (f"; the others diverge at steps {where[:8]}" if where else ""), flush=True)
+    return ok
+
+
+def run_bare(args) -> None:
+    import caption_profile
+    import torch
+
+    import udfs.captioner
+
+    udfs.captioner.load_image = caption_profile.profiled_load_image  # decode time, per pass
+    cap, spec = _load_bare(args)
     images, what = make_images(args.images, args.max_pixels)
     print(f"{args.images} {what}, {args.min_pixels}-{args.max_pixels} pixels, "
-          f"max_new_tokens {args.max_new_tokens}, reference {REFERENCE}")
-    warm = replace(spec, settings=replace(settings, batch_size=2))
-    hand_loop(cap, warm, images[:2])  # warm-up: kernels, allocator
+          f"max_new_tokens {args.max_new_tokens}, variants {','.join(args.variants)}, "
+          f"{args.repeats} repeat(s), order reversed every repeat; reference {REFERENCE}",
+          flush=True)
     for batch in args.batch_sizes:
-        s = replace(spec, settings=replace(settings, batch_size=batch))
-        print(f"\nbatch size {batch}\n{_HEADER}")
-        try:
-            secs, toks = hand_loop(cap, s, images)
-            print(_row("hand loop (table order)", Pass(secs, len(images), toks)))
-        except torch.OutOfMemoryError:
-            print(f"{'hand loop (table order)':34}  out of memory")
-            cap.release_memory()
-        order = lakeshard_loop(cap, s, [images], by_size=False)
-        print(_row("caption_images, table order", order))
-        grouped = lakeshard_loop(cap, s, [images], by_size=True)
-        print(_row("caption_images, grouped by size", grouped))
-        if cap.batch_limit:
-            print(f"  (out of memory: batch size lowered to {cap.batch_limit})")
-            cap.batch_limit = None
+        s = replace(spec, settings=replace(spec.settings, batch_size=batch))
+        print(f"\nbatch size {batch}", flush=True)
+        variants = _warm(cap, s, images, args.variants)
+        passes: dict[str, list[Pass]] = {v: [] for v in variants}
+        for r in range(args.repeats):
+            order = variants if r % 2 == 0 else variants[::-1]
+            for v in order:
+                print(f"  repeat {r + 1}, {v}:", flush=True)
+                try:
+                    passes[v].append(_profiled_pass(cap, s, images, v, show=True))
+                except torch.OutOfMemoryError:
+                    print("    out of memory", flush=True)
+                    cap.release_memory()
+                if cap.batch_limit:
+                    print(f"    (out of memory: batch size lowered to {cap.batch_limit})")
+                    cap.batch_limit = None
+        print(f"batch size {batch}, best of {args.repeats}:\n{_HEADER}")
+        for v, ps in passes.items():
+            if ps:
+                runs = ", ".join(f"{p.images / p.seconds:.2f}" for p in ps)
+                print(_row(f"{LABELS[v]} [{v}]", min(ps, key=lambda p: p.seconds),
+                           f"  runs: {runs} images/s"), flush=True)
+
+
+def _copy_worker(args_dict: dict, share: list[bytes], variant: str, batch: int, barrier,
+                 results) -> None:
+    """One model copy in its own process: load, warm up, then one timed pass over its
+    share of the images, started together with the other copies."""
+    import argparse as _argparse
+
+    import torch
+
+    args = _argparse.Namespace(**args_dict)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    cap, spec = _load_bare(args)
+    s = replace(spec, settings=replace(spec.settings, batch_size=batch))
+    _warm(cap, s, share, [variant])
+    barrier.wait()
+    try:
+        p = _profiled_pass(cap, s, share, variant, show=False)
+    except torch.OutOfMemoryError:
+        p = None
+    results.put(p)
+    barrier.wait()
+
+
+def run_copies(args) -> None:
+    """`--copies N,...`: N processes, each with its own model copy on the same device,
+    splitting the images; images/s of the device = all images / the slowest copy."""
+    import multiprocessing as mp
+
+    images, what = make_images(args.images, args.max_pixels)
+    batch, variant = args.batch_sizes[0], args.copies_variant
+    print(f"copies per device on {args.device}: {args.images} {what}, batch size {batch}, "
+          f"variant {variant}, max_new_tokens {args.max_new_tokens}", flush=True)
+    ctx = mp.get_context("spawn")
+    for n in args.copies:
+        barrier, results = ctx.Barrier(n + 1), ctx.Queue()
+        procs = [ctx.Process(target=_copy_worker, args=(
+            vars(args), images[k::n], variant, batch, barrier, results)) for k in range(n)]
+        for p in procs:
+            p.start()
+        barrier.wait()  # all loaded and warm
+        t0 = time.perf_counter()
+        passes = [results.get() for _ in procs]
+        seconds = time.perf_counter() - t0
+        barrier.wait()
+        for p in procs:
+            p.join()
+        if any(p is None for p in passes):
+            print(f"  {n} copies: out of memory", flush=True)
+            continue
+        tokens = sum(p.tokens for p in passes)
+        print(f"  {n} copies: {len(images) / seconds:.2f} images/s, {tokens / seconds:.0f} "
+              f"tokens/s per device ({seconds:.1f} s)", flush=True)
 
 
 # ----------------------------------------------------------------------- --spark
@@ -532,14 +704,38 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--slots", type=int, default=2, help="--spark: local[N]")
     ap.add_argument("--rounds", type=int, default=2, help="--spark: best of, alternating")
     ap.add_argument("--workdir", default=None, help="where checkpoints (and tables) go")
+    ap.add_argument("--variants", type=lambda t: [v for v in t.split(",") if v],
+                    default=["plain", "fast"],
+                    help=f"--bare: comma-separated, of {', '.join(VARIANTS)}")
+    ap.add_argument("--repeats", type=int, default=2,
+                    help="--bare: timed passes per variant, alternating (order reversed "
+                         "every repeat)")
+    ap.add_argument("--copies", type=_ints, default=None,
+                    help="--bare: instead, N processes with a model copy each on the "
+                         "device, for each N (e.g. 1,2,4); first batch size")
+    ap.add_argument("--copies-variant", default="plain", help="--bare --copies: variant")
+    ap.add_argument("--vision-attention", default=None,
+                    help="--bare: the vision tower's attention (sdpa, eager, flash_attention_2)")
+    ap.add_argument("--cache-bucket", type=int, default=256,
+                    help="--bare: static cache lengths rounded up to this")
+    ap.add_argument("--threads", type=int, default=None, help="--bare: torch threads (cpu)")
     args = ap.parse_args(argv)
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        ap.error(f"--variants: unknown {unknown} (known: {', '.join(VARIANTS)})")
     bare = args.bare
     args.arch = args.arch or ("qwen2_5_vl_7b" if bare else "mid")
     args.images = args.images or (256 if bare else 64)
     args.batch_sizes = args.batch_sizes or ([8, 16, 32, 64] if bare else [4])
     args.max_new_tokens = args.max_new_tokens or (200 if bare else 24)
     args.max_pixels = args.max_pixels or ((768 if bare else 128) * 28 * 28)
-    if bare:
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if bare and args.copies:
+        run_copies(args)
+    elif bare:
         run_bare(args)
     else:
         run_spark(args)

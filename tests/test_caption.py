@@ -114,6 +114,13 @@ def _raw_caption(version: dict, **extra) -> dict:
         (_raw_caption({}, default="v2"), "caption.default"),
         ({"caption": {"versions": {"Qwen-VL": {"model": "m"}}}}, "caption.versions.Qwen-VL"),
         ({"caption": {"versions": {"v1": {"prompt": "x"}}}}, "caption.versions.v1.model"),
+        (_raw_caption({"kv_cache": "paged"}), "caption.versions.v1.kv_cache"),
+        (_raw_caption({"compile": True, "device": "cuda"}), "caption.versions.v1.compile"),
+        (_raw_caption({"compile": True, "kv_cache": "static"}), "caption.versions.v1.compile"),
+        (_raw_caption({"cache_bucket": 0}), "caption.versions.v1.cache_bucket"),
+        (_raw_caption({"vision_attention": "flex"}), "caption.versions.v1.vision_attention"),
+        (_raw_caption({"backend": "vllm", "device": "cuda", "kv_cache": "static"}),
+         "caption.versions.v1.backend"),
     ],
 )
 def test_bad_caption_config_names_the_field(tmp_path, caption, field):
@@ -252,15 +259,22 @@ class _OomAboveOne(TransformersCaptioner):
         return super().generate(images, spec)
 
 
-def test_out_of_memory_halves_the_batch_until_it_fits(tiny_model):
-    spec = _spec(tiny_model, batch_size=4)
+# Plain generate, and the fast path (static KV cache, the processor run ahead).
+PATHS = pytest.mark.parametrize("path", [{}, {"kv_cache": "static", "prepare_ahead": True}],
+                                ids=["plain", "fast"])
+
+
+@PATHS
+def test_out_of_memory_halves_the_batch_until_it_fits(tiny_model, path):
+    spec = _spec(tiny_model, batch_size=4, **path)
     cap = _OomAboveOne(spec, "cpu")
     cap.calls = []
     images = [_photo_jpeg(n) for n in PHOTOS[:5]]
     out = caption_images(spec, images, cap)
     assert out.status == ["ok"] * 5
     assert cap.calls == [4, 2, 1, 1, 1, 1, 1] and cap.batch_limit == 1
-    reference = caption_images(spec, images)  # a captioner without the limit
+    # A captioner without the limit, on plain generate.
+    reference = caption_images(_spec(tiny_model, batch_size=4), images)
     assert out.caption == reference.caption
 
 
@@ -273,8 +287,9 @@ class _FailsOnTinyImages(TransformersCaptioner):
         return super().generate(images, spec)
 
 
-def test_a_failing_row_is_isolated_and_the_others_are_captioned(tiny_model):
-    spec = _spec(tiny_model, batch_size=4, min_pixels=28 * 28)
+@PATHS
+def test_a_failing_row_is_isolated_and_the_others_are_captioned(tiny_model, path):
+    spec = _spec(tiny_model, batch_size=4, min_pixels=28 * 28, **path)
     tiny = io.BytesIO()
     Image.new("RGB", (28, 28), (9, 9, 9)).save(tiny, format="PNG")
     images = [_photo_jpeg("astronaut"), tiny.getvalue(), _photo_jpeg("rocket")]

@@ -53,7 +53,8 @@ def test_bare_bench_runs_without_spark_pydantic_pandas_or_the_project(tmp_path):
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cmd = [sys.executable, "-c", _RUN, str(REPO / "bench" / "caption_throughput.py"),
            "--bare", "--arch", "tiny", "--device", "cpu", "--images", "4",
-           "--batch-sizes", "2", "--max-new-tokens", "2", "--max-pixels", "3136",
+           "--batch-sizes", "2", "--max-new-tokens", "3", "--max-pixels", "3136",
+           "--variants", "hand,table,plain,fast", "--repeats", "2",
            "--workdir", str(tmp_path)]
     run = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path,
                          timeout=300)
@@ -61,7 +62,17 @@ def test_bare_bench_runs_without_spark_pydantic_pandas_or_the_project(tmp_path):
     out = run.stdout
     assert "4 synthetic images (scikit-image not installed" in out
     for row in ("hand loop (table order)", "caption_images, table order",
-                "caption_images, grouped by size"):
+                "caption_images, grouped by size", "+ static, ahead, compiled (cuda) [fast]"):
         assert row in out, out
     assert "{'ok': 4}" in out
     assert "hidden modules imported: none" in out
+    # The greedy tokens of the fast path are plain generate's.
+    assert "tokens fast vs plain: 2 of 2 rows identical" in out, out  # the warm-up batch
+    # Where the time went, per pass: 2 batches of 2 images, each 3 new tokens = the
+    # prefill's token, a first decode step and one later one.
+    passes = [line for line in out.splitlines() if line.strip().startswith("pass ")]
+    assert len(passes) == 3 * 2, out  # table, plain, fast; 2 repeats each (hand: none)
+    assert all("2 later steps" in line and "ms/step" in line for line in passes), passes
+    batches = [line.split() for line in out.splitlines()
+               if line.strip()[:1].isdigit() and len(line.split()) == 11]
+    assert len(batches) == 6 * 2 and all(b[1] == "2" and b[6] == "3" for b in batches), out

@@ -5,10 +5,8 @@ decoded images; :mod:`udfs.captioner` plans the batches, handles errors and keep
 loaded backend per worker. Like it, this module imports only the standard library at
 module level: torch, transformers and vLLM load where a backend is built.
 
-* ``transformers``: ``AutoProcessor`` + ``AutoModelForImageTextToText`` (Qwen2.5-VL,
-  Qwen3-VL through the chat template; task-prompt models such as Florence-2 with
-  ``prompt_format: plain``), left-padded batched ``generate``; it reports each row's
-  image tokens and the padding its batch added.
+* ``transformers``: :mod:`udfs.caption_transformers` (left-padded batched
+  ``generate``, with its static-cache / compiled / prepared-ahead fast path).
 * ``vllm``: vLLM's offline ``LLM.generate`` with the image as multi-modal input.
 """
 
@@ -26,9 +24,7 @@ __all__ = [
     "CaptionSpec",
     "Generated",
     "Captioner",
-    "TransformersCaptioner",
     "VLLMCaptioner",
-    "BACKEND_CLASSES",
     "is_oom",
     "pixel_range_kwargs",
     "release_gpu_memory",
@@ -61,6 +57,13 @@ class CaptionSettings(Protocol):
     language: str | None
     trust_remote_code: bool
     gpu_memory_utilization: float | None
+    # The transformers backend's generation path (read with defaults where missing:
+    # dynamic, False, 256, False, None).
+    kv_cache: str
+    compile: bool
+    cache_bucket: int
+    prepare_ahead: bool
+    vision_attention: str | None
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,9 @@ class CaptionSpec:
         key = {"model": self.model_path, "backend": s.backend, "dtype": s.dtype,
                "trust_remote_code": s.trust_remote_code,
                "local_files_only": self.local_files_only, "device": device}
+        vision = getattr(s, "vision_attention", None)
+        if vision is not None:  # the model is loaded with it
+            key["vision_attention"] = vision
         if s.backend == "vllm":  # vLLM bakes these into the engine
             key.update(min_pixels=s.min_pixels, max_pixels=s.max_pixels,
                        gpu_memory=_vllm_memory_share(self))
@@ -187,6 +193,11 @@ class Captioner:
         h, w = _smart_resize(height, width, self._factor, s.min_pixels, s.max_pixels)
         return (h // self._factor) * (w // self._factor)
 
+    def prepare_ahead(self, images: list, spec: CaptionSpec) -> None:
+        """Called from the decode thread with the next batch's images (the objects
+        :meth:`generate` will get): a backend may do its CPU work for them now. None
+        here."""
+
     def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:  # pragma: no cover
         raise NotImplementedError
 
@@ -237,89 +248,6 @@ def _torch_dtype(spec: CaptionSpec, device: str):
     if name == "auto":
         name = "bfloat16" if device.startswith("cuda") else "float32"
     return getattr(torch, name)
-
-
-class TransformersCaptioner(Captioner):
-    """``AutoProcessor`` + ``AutoModelForImageTextToText``; left-padded batched ``generate``."""
-
-    def __init__(self, spec: CaptionSpec, device: str):
-        super().__init__(spec, device)
-        _offline_if_local(spec)
-        import torch
-        from transformers import AutoModelForImageTextToText, AutoProcessor
-
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise RuntimeError(
-                f"caption device is {device} but this machine has no usable GPU "
-                f"(torch {torch.__version__}, CUDA available: False)"
-            )
-        kw = {"local_files_only": spec.local_files_only,
-              "trust_remote_code": spec.settings.trust_remote_code}
-        self.processor = AutoProcessor.from_pretrained(spec.model_path, **kw)
-        tok = getattr(self.processor, "tokenizer", None)
-        if tok is not None:
-            tok.padding_side = "left"  # decoder-only generation needs left padding
-            if tok.pad_token is None:
-                tok.pad_token = tok.eos_token
-        self.model = AutoModelForImageTextToText.from_pretrained(
-            spec.model_path, dtype=_torch_dtype(spec, device), **kw
-        ).to(device).eval()
-        ip = getattr(self.processor, "image_processor", None)
-        self._image_processor = ip
-        self._factor = _token_factor(ip)
-        self._image_token_id = getattr(self.model.config, "image_token_id", None)
-        eos = self.model.generation_config.eos_token_id
-        self._eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if tok is not None and tok.eos_token_id is not None:
-            self._eos.add(tok.eos_token_id)
-
-    def _pixel_kwargs(self, spec: CaptionSpec) -> dict:
-        # Qwen-style processors resize to a pixel range themselves: give them ours.
-        return pixel_range_kwargs(self._image_processor, spec.settings.min_pixels,
-                                  spec.settings.max_pixels)
-
-    def generate(self, images: list, spec: CaptionSpec) -> list[Generated]:
-        import torch
-
-        s = spec.settings
-        inputs = self.processor(
-            text=[_chat_prompt(self.processor, s)] * len(images), images=images,
-            padding=True, return_tensors="pt", **self._pixel_kwargs(spec),
-        ).to(self.device)
-        if "pixel_values" in inputs and inputs["pixel_values"].is_floating_point():
-            inputs["pixel_values"] = inputs["pixel_values"].to(self.model.dtype)
-        ids = inputs["input_ids"]
-        mask = inputs.get("attention_mask")
-        padding = ((mask == 0).sum(1).tolist() if mask is not None else [0] * len(images))
-        if self._image_token_id is not None:
-            image_tokens = (ids == self._image_token_id).sum(1).tolist()
-        else:
-            image_tokens = [self.image_tokens(*im.size, spec) for im in images]
-        gen = {"max_new_tokens": s.max_new_tokens, "do_sample": s.do_sample}
-        if s.do_sample:
-            gen.update(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k)
-            torch.manual_seed(s.seed)
-        if s.repetition_penalty != 1.0:
-            gen["repetition_penalty"] = s.repetition_penalty
-        with torch.inference_mode():
-            out = self.model.generate(**inputs, **gen)
-        if getattr(self.model.config, "is_encoder_decoder", False):
-            new = out[:, 1:].cpu()  # Florence-2 style: only the decoder start precedes
-        else:
-            new = out[:, ids.shape[1]:].cpu()  # after the left-padded prompt
-        pad = getattr(self.processor.tokenizer, "pad_token_id", None)
-        results = []
-        for row, n_img, n_pad in zip(new.tolist(), image_tokens, padding, strict=True):
-            # Trailing pads after an early end-of-sequence are not generated tokens.
-            ended = next((i for i, t in enumerate(row) if t in self._eos), None)
-            used = row[: ended + 1] if ended is not None else row
-            if ended is None and pad is not None and pad not in self._eos:
-                while used and used[-1] == pad:
-                    used = used[:-1]
-            text = self.processor.tokenizer.decode(used, skip_special_tokens=True)
-            hit = ended is None and len(row) >= s.max_new_tokens
-            results.append(Generated(text.strip(), len(used), hit, int(n_img), int(n_pad)))
-        return results
 
 
 class VLLMCaptioner(Captioner):
@@ -393,6 +321,4 @@ class VLLMCaptioner(Captioner):
                                      c.finish_reason == "length", n_img, 0))
         return results
 
-
-BACKEND_CLASSES = {"transformers": TransformersCaptioner, "vllm": VLLMCaptioner}
 

@@ -16,6 +16,8 @@ attributes of :class:`CaptionSettings` (in lakeshard, ``etl.config.CaptionVersio
    tokens -- so one large image no longer pads a batch of thumbnails;
 3. a background thread decodes and resizes the next batch while the current one
    generates (Pillow releases the GIL), so the accelerator does not wait on JPEG decode;
+   it then hands the batch to the backend's ``prepare_ahead`` (the transformers backend
+   runs its processor there when the version sets ``prepare_ahead``);
 4. results go back to their input rows; every row gets a status, and the batch's padding
    is counted (:attr:`Captioned.padding_share`).
 
@@ -24,8 +26,9 @@ row by row so only the bad row is ``failed``; CUDA out-of-memory halves the batc
 for the rest of the worker's life and retries. A backend that returns the wrong number
 of outputs is a bug and raises.
 
-The models themselves -- settings, spec, the ``transformers`` and ``vllm`` backends --
-are :mod:`udfs.caption_models`; this module keeps one loaded backend per Python worker
+The models themselves -- settings, spec, the ``vllm`` backend -- are
+:mod:`udfs.caption_models`, the ``transformers`` backend (and its fast generation path)
+:mod:`udfs.caption_transformers`; this module keeps one loaded backend per Python worker
 (:func:`get_captioner`).
 """
 
@@ -40,23 +43,23 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from udfs.caption_models import (
-    BACKEND_CLASSES,
     BACKENDS,
     Captioner,
     CaptionSettings,
     CaptionSpec,
     Generated,
-    TransformersCaptioner,
     VLLMCaptioner,
     is_oom,
     release_gpu_memory,
 )
+from udfs.caption_transformers import TransformersCaptioner
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
 __all__ = [
     "BACKENDS",
+    "BACKEND_CLASSES",
     "STATUSES",
     "CHECK_FLAGS",
     "CaptionSettings",
@@ -87,6 +90,9 @@ STATUSES = ("ok", "bad_image", "failed")
 #   repetition   a phrase repeats back to back (a generation loop)
 #   language_mismatch  the text is mostly not in the expected language's script
 CHECK_FLAGS = ("empty", "truncated", "repetition", "language_mismatch")
+# The backend a version's `backend` names.
+BACKEND_CLASSES: dict[str, type[Captioner]] = {
+    "transformers": TransformersCaptioner, "vllm": VLLMCaptioner}
 
 
 # ----------------------------------------------------------------------- images
@@ -387,6 +393,9 @@ def caption_images(spec: CaptionSpec, images: Sequence[bytes | None],
                 got[i] = load_image(images[i], s.min_pixels, s.max_pixels)
             except ValueError as exc:  # a header that parses over bytes that do not
                 got[i] = exc
+        # The backend's CPU work for the batch as generate() will get it (the decoded
+        # images in plan order), here while the previous batch generates.
+        cap.prepare_ahead([im for im in got.values() if not isinstance(im, ValueError)], spec)
         return got
 
     with ThreadPoolExecutor(1, thread_name_prefix="caption-decode") as pool:

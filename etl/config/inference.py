@@ -93,6 +93,23 @@ class CaptionVersionConfig(Section):
     # one per Lance fragment). Set partitions to a multiple of the cluster's GPU slots.
     where: Text | None = None
     partitions: Annotated[int, Field(ge=1)] | None = None
+    # The generation path of the transformers backend (the output is the same, token for
+    # token, under greedy decoding). dynamic: generate's growing KV cache. static: a KV
+    # cache allocated once per batch shape (lengths rounded up to `cache_bucket`) and
+    # reused, which lets `compile` capture the decode step.
+    kv_cache: Literal["dynamic", "static"] = "dynamic"
+    # static cache on CUDA: torch.compile the decode step (CUDA graphs, transformers'
+    # own generate compilation). Needs kv_cache: static and a cuda device.
+    compile: bool = False
+    # Static cache lengths (prompt + max_new_tokens) are rounded up to a multiple of this,
+    # so batches of similar prompts share one cache (and one compiled graph).
+    cache_bucket: Annotated[int, Field(ge=1, le=65536)] = 256
+    # Run the processor (resize, normalise, chat template) for the next batch in the
+    # background thread that decodes it, while the current batch generates.
+    prepare_ahead: bool = False
+    # The vision tower's attention implementation (null: transformers' default, sdpa);
+    # the language model keeps the default.
+    vision_attention: Literal["sdpa", "eager", "flash_attention_2"] | None = None
 
     @field_validator("prompt", "where", mode="before")
     @classmethod
@@ -109,6 +126,17 @@ class CaptionVersionConfig(Section):
             )
         if self.backend == "vllm" and not self.device.startswith("cuda"):
             raise FieldError("device", "the vllm backend needs device: cuda (or cuda:N)")
+        if self.compile and self.kv_cache != "static":
+            raise FieldError("compile", "compiles the decode step of a static KV cache: "
+                             "set kv_cache: static")
+        if self.compile and not self.device.startswith("cuda"):
+            raise FieldError("compile", "compiles only on a GPU (device: cuda or cuda:N); "
+                             "on cpu kv_cache: static runs uncompiled")
+        if self.backend == "vllm" and (self.kv_cache != "dynamic" or self.prepare_ahead
+                                       or self.vision_attention is not None):
+            raise FieldError("backend", "kv_cache, compile, prepare_ahead and "
+                             "vision_attention are settings of the transformers backend "
+                             "(vLLM has its own)")
         return self
 
     @property
