@@ -6,6 +6,7 @@ writes and its named queries -- and, inside it, the choice between the driver pa
 
     catalog = Catalog.of(spark, cfg)
     catalog.manifest.snapshot()      # the manifest as this run read it, or None
+    catalog.manifest.diff(cfg, state)  # what the sources list against it
     catalog.curated.replace(ids, n)  # delete the rows of records being rewritten
     catalog.takedowns.pending()      # requests recorded but not applied
 
@@ -33,7 +34,9 @@ from pyspark.sql import functions as F
 from etl import storage, tables
 from etl.config import Config
 from etl.lakehouse.counts import MANIFEST_COLUMNS, delta_counts
+from etl.lakehouse.curate_state import CurateState
 from etl.lakehouse.indexes import ensure_scalar_indexes
+from etl.lakehouse.source_diff import Diff, compare
 from etl.runtime.local import local_arrow
 from etl.schema import REMOVED
 from etl.transforms.bronze import known_fingerprint, takedown_identifiers, taken_down_ids
@@ -130,6 +133,14 @@ class Manifest(_DeltaTable):
         for a table delta-rs does not read): the comparison is then a Spark join."""
         return read_columns(self.path, ["sample_id", "source", "status", "reason",
                                         "fingerprint"], bound=DRIVER_IDS)
+
+    def diff(self, cfg: Config, state: CurateState) -> Diff:
+        """What the configured sources list against this manifest: new and changed
+        records, the unchanged counted, what left the sources -- compared on the driver
+        where every source lists there and the manifest's keys are within the bound,
+        else by Spark (:mod:`etl.lakehouse.source_diff`). `state`: curate's derived
+        state (where a source table's history of deletions starts)."""
+        return compare(self.spark, cfg, self, state, prepare_rows=cfg.prepare.driver_rows)
 
     def container_groups(self, manifest: DataFrame, source: str) -> list:
         """A source's records still listed, as ``(source_uri, fingerprint, count)``: what

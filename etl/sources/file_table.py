@@ -152,10 +152,10 @@ class TableSource(SourceAdapter):
         if names is not None:
             check_mapped_columns(source, names, "table", os.path.basename(path))
 
-    def lists_here(self, source: SourceConfig) -> bool:
-        return _read_here(self._files(source))
+    def lists_in_driver(self, source: SourceConfig) -> bool:
+        return _read_in_driver(self._files(source))
 
-    def read_here(self, source: SourceConfig) -> pa.Table:
+    def read_arrow(self, source: SourceConfig) -> pa.Table:
         return _table_here(self._files(source), source)
 
     def read(
@@ -163,7 +163,7 @@ class TableSource(SourceAdapter):
         version: int | None = None,
     ) -> DataFrame:
         files = self._files(source)
-        if _read_here(files):
+        if _read_in_driver(files):
             # A small local table (a URL list): read here by the same function, handed
             # to Spark as local data -- no Spark job and no Python worker to list it.
             return spark.createDataFrame(_table_here(files, source), RAW_SCHEMA)
@@ -215,7 +215,7 @@ _UNIT_FIELDS = ("uri", "format", "problem", "problem_detail")
 DRIVER_READ_BYTES = 16 << 20
 
 
-def _read_here(files: list[tuple]) -> bool:
+def _read_in_driver(files: list[tuple]) -> bool:
     """Whether a table's files are read on the driver: all local, together within
     :data:`DRIVER_READ_BYTES`."""
     return bool(files) and all(f[0].startswith("file:") for f in files) and sum(
