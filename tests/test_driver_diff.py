@@ -12,9 +12,9 @@ import os
 import pytest
 from conftest import jpeg_bytes, make_config
 
+from etl import tables
 from etl.config import PrepareConfig
 from etl.jobs import curate as curate_job
-from etl import tables
 from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.curate_state import CurateState
 from etl.pipeline.preflight import check_sources
@@ -74,7 +74,7 @@ def test_driver_and_spark_comparisons_of_a_folder_agree(spark, tmp_path, monkeyp
     assert driver[0] and not in_spark[0]  # each took the path it was meant to
     # Compared here but too many for the driver: Spark's tasks, counted without asking.
     _assert_tasks_counted(spark, cfg.model_copy(update={
-        "prepare": cfg.prepare.model_copy(update={"driver_rows": 0})}), 5)
+        "driver": cfg.driver.model_copy(update={"prepare_rows": 0})}), 5)
     assert driver[1:] == in_spark[1:]
     listed_now = 8  # p0-p3, p5-p8
     todo = ["p1.jpg", "p2.jpg", "p3.jpg", "p5.jpg", "p8.jpg"]
@@ -271,5 +271,5 @@ def test_tasks_of_a_url_list_compared_here_are_counted_without_asking(spark, tmp
     _jsonl(lists / "a.jsonl", [{"key": f"k{i}", "url": f"p{i}.jpg"} for i in range(rows)])
     cfg = make_config(tmp_path / "root", [
         {"name": "web", "kind": "table", "path": str(lists),
-         "columns": {"key": "key", "url": "url"}}], prepare={"driver_rows": 0})
+         "columns": {"key": "key", "url": "url"}}], driver={"prepare_rows": 0})
     _assert_tasks_counted(spark, cfg, rows)

@@ -39,7 +39,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl import storage, tables
 from etl.config import Config
-from etl.lakehouse.catalog import DRIVER_IDS, Catalog
+from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.curate_state import CurateState, Quiet
 from etl.lakehouse.maintenance import (
     PurgeResult,
@@ -224,7 +224,7 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
         outcome_rows = outcome_counts_arrow(held)
         return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
                          on_driver=True, held=held)
-    if diff.new_records <= DRIVER_IDS:
+    if diff.new_records <= cfg.driver.ids:
         return _collected(spark, prepared, written, budget, on_driver=diff.small)
     prepared = cached = prepared.persist(StorageLevel.MEMORY_AND_DISK)
     fragments: tuple = ()
@@ -261,7 +261,7 @@ def _row_sink(spark: SparkSession, written: PendingAppend, refused: DataFrame | 
 
 def _collected(spark: SparkSession, prepared: DataFrame, written: PendingAppend | None,
                budget: int, *, on_driver: bool) -> _Prepared:
-    """Step "fetch and prepare" for up to :data:`DRIVER_IDS` new records: the tasks'
+    """Step "fetch and prepare" for up to ``driver.ids`` new records: the tasks'
     rows (without their images: those are written, or in ``prepared.image`` on the
     driver's few) come back to the driver in the job that fetches and prepares them, and
     the later steps read them as local data -- no persisted frame, no Spark job for the

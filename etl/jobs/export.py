@@ -22,8 +22,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from etl import storage, tables
 from etl.config import Config
+from etl.config.bounds import DRIVER_IDS
 from etl.errors import ConfigError
-from etl.lakehouse.catalog import DRIVER_IDS, Catalog
+from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 from etl.lakehouse.derived import DerivedState
 from etl.ledger import code_version

@@ -19,7 +19,9 @@ from pyspark.sql import DataFrame
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-__all__ = ["LOCAL_COLLECT_ROWS", "is_local", "local_arrow", "local_frame", "projected"]
+from etl.config.bounds import LOCAL_COLLECT_ROWS
+
+__all__ = ["is_local", "local_arrow", "local_frame", "projected"]
 
 _LOCAL_SCANS = ("LocalTableScanExec", "LocalTableScan")
 
@@ -34,15 +36,10 @@ def is_local(df: DataFrame) -> bool:
     return plan.getClass().getSimpleName() in _LOCAL_SCANS
 
 
-# Local data of more rows than this is collected by ``toArrow``'s job all the same:
-# ``collect`` hands rows to Python one by one (2,000 rows of 21 columns: ~0.1 s either
-# way; 16,000: 0.46 s against 0.24 s by the job; 100,000: 2.7 s against 0.75 s).
-LOCAL_COLLECT_ROWS = 4096
-
-
 def local_arrow(df: DataFrame) -> pa.Table:
     """``df.toArrow()``: the same table, collected without a Spark job where the plan is
-    local data (:func:`is_local`) of at most :data:`LOCAL_COLLECT_ROWS` rows; by
+    local data (:func:`is_local`) of at most
+    :data:`~etl.config.bounds.LOCAL_COLLECT_ROWS` rows; by
     ``toArrow`` otherwise."""
     if not is_local(df) or _local_rows(df) > LOCAL_COLLECT_ROWS:
         return df.toArrow()

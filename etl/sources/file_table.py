@@ -42,6 +42,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from etl.config import ConfigError, SourceConfig
+from etl.config.bounds import DRIVER_READ_BYTES
 from etl.sources.base import FLAG_KEYS, SourceAdapter, is_local_path, require_exists
 from etl.sources.listing import expand_pattern, is_pattern, listing_digest
 from etl.sources.records import (
@@ -210,14 +211,9 @@ def _table_here(files: list[tuple], source: SourceConfig) -> pa.Table:
 _UNIT_FIELDS = ("uri", "format", "problem", "problem_detail")
 
 
-# The most bytes of local table files a source's listing reads on the driver (a URL list
-# of ~100,000 rows); larger tables, and tables on object storage, are read by Spark tasks.
-DRIVER_READ_BYTES = 16 << 20
-
-
 def _read_in_driver(files: list[tuple]) -> bool:
     """Whether a table's files are read on the driver: all local, together within
-    :data:`DRIVER_READ_BYTES`."""
+    :data:`~etl.config.bounds.DRIVER_READ_BYTES`."""
     return bool(files) and all(f[0].startswith("file:") for f in files) and sum(
         f[4] for f in files) <= DRIVER_READ_BYTES
 
