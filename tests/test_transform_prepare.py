@@ -67,13 +67,11 @@ def test_accepted_and_rejected_split_the_rows(spark):
     assert rej == {"id3": "undecodable", "id4": "missing_image", "id5": "empty"}
 
 
-def test_rejected_rows_in_arrow_are_the_rows_spark_builds(spark):
+def test_rejected_rows_held_here_are_the_rows_spark_tasks_build(spark):
     """The rejects curate builds on the driver from prepared rows it holds: the rows,
-    values and types ``rejected_rows`` gives for the same rows in Spark."""
-    from etl.transforms.prepare import rejected_rows_arrow
-
+    values and types the same rule gives in Spark's tasks for the same rows."""
     prepared = _prepared(spark)
-    mine = rejected_rows_arrow(prepared.toArrow(), run_id="r1")
+    mine = rejected_rows(prepared.toArrow(), run_id="r1")
     theirs = rejected_rows(prepared, run_id="r1").toArrow()
     assert mine.schema.names == theirs.schema.names
     assert [f.type for f in mine.schema] == [f.type for f in theirs.schema]

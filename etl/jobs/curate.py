@@ -65,7 +65,6 @@ from etl.transforms.accounting import (
 )
 from etl.transforms.bronze import (
     manifest_rows,
-    manifest_rows_arrow,
     mark_duplicate_keys,
     refuse_prepared,
     refuse_taken_down,
@@ -79,7 +78,6 @@ from etl.transforms.prepare import (
     outcome_counts_arrow,
     prepared_outcomes,
     rejected_rows,
-    rejected_rows_arrow,
 )
 from etl.transforms.prepare_task import FLAG, WRITTEN, RowSink
 from etl.writers.lance import PendingAppend
@@ -401,12 +399,9 @@ def _record_bronze(cat: Catalog, diff: Diff, prep: _Prepared, run_id: str,
     process holds the rows)."""
     if not prep.processed and diff.has_manifest:
         return
-    if prep.held is not None:
-        rejects = rejected_rows_arrow(prep.held, run_id=run_id)
-        manifest = manifest_rows_arrow(prep.held, run_id=run_id, ingested_at=now)
-    else:
-        rejects = rejected_rows(prep.rows, run_id=run_id)
-        manifest = manifest_rows(prep.rows, run_id=run_id, ingested_at=now)
+    rows = prep.held if prep.held is not None else prep.rows
+    rejects = rejected_rows(rows, run_id=run_id)
+    manifest = manifest_rows(rows, run_id=run_id, ingested_at=now)
     cat.rejects.merge(rejects, count=prep.processed - prep.accepted)
     cat.manifest.merge(manifest, count=prep.processed, before=diff.manifest)
 

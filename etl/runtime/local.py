@@ -11,7 +11,7 @@ where the plan folded, and converts the rows to Arrow by the frame's own schema.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +21,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl.config.bounds import LOCAL_COLLECT_ROWS
 
-__all__ = ["is_local", "local_arrow", "local_frame", "projected"]
+__all__ = ["is_local", "local_arrow", "local_frame", "projected", "per_batch"]
 
 _LOCAL_SCANS = ("LocalTableScanExec", "LocalTableScan")
 
@@ -75,6 +75,32 @@ def projected(table: pa.Table, schema: T.StructType,
             values = pa.chunked_array([values], values.type)
         columns.append(values if values.type == f.type else values.cast(f.type))
     return pa.Table.from_arrays(columns, schema=arrow)
+
+
+def per_batch(rows: DataFrame | pa.Table, rule: Callable[[pa.Table], pa.Table],
+              schema: T.StructType, columns: Sequence[str]) -> DataFrame | pa.Table:
+    """A rule written once as an Arrow batch function (Arrow in, Arrow of `schema` out,
+    row by row: each output row depends on its input row only) run where `rows` are:
+    on an Arrow table this process holds, here; on a DataFrame, in Spark's tasks
+    through ``mapInArrow``, given only the `columns` the rule reads (of those the frame
+    has). `rule` travels to the tasks by pickle: a module function or a
+    ``functools.partial`` of one."""
+    if isinstance(rows, pa.Table):
+        return rule(rows)
+    have = set(rows.columns)
+    return rows.select(*[c for c in columns if c in have]).mapInArrow(
+        _BatchRule(rule), schema)
+
+
+class _BatchRule:
+    """`rule` over each Arrow batch of a Spark task (picklable: no closure)."""
+
+    def __init__(self, rule: Callable[[pa.Table], pa.Table]) -> None:
+        self.rule = rule
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield from self.rule(pa.Table.from_batches([batch])).to_batches()
 
 
 def _arrow(rows: list, schema: T.StructType) -> pa.Table:

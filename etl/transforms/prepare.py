@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -12,7 +13,7 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl.config import FetchConfig, PrepareConfig, SourceConfig
-from etl.runtime.local import local_arrow, projected
+from etl.runtime.local import local_arrow, per_batch, projected
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
 from etl.transforms.fetch import fetch_outcome, needs_fetch
 from etl.transforms.prepare_task import (
@@ -32,7 +33,7 @@ from udfs.ingest import fetch_prepare_batches
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
-           "curated_columns", "curated_schema", "rejected_rows", "rejected_rows_arrow",
+           "curated_columns", "curated_schema", "rejected_rows",
            "outcome_counts", "outcome_counts_arrow", "failure_examples"]
 
 
@@ -192,23 +193,17 @@ def curated_schema(rows: T.StructType, *, extra: Sequence[str] = ()) -> T.Struct
         *[own[c] for c in extra]])
 
 
-def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
-    """Rows for the rejects table: which record, at which stage, and why."""
-    return prepared.where(F.col("status") != "ok").select(
-        "sample_id",
-        "source",
-        "source_key",
-        "source_uri",
-        "stage",
-        F.coalesce("reason", F.lit("unknown")).alias("reason"),
-        "detail",
-        F.lit(run_id).alias("run_id"),
-    ).select(*REJECTS_SCHEMA.fieldNames())
+def rejected_rows(prepared: DataFrame | pa.Table, *, run_id: str) -> DataFrame | pa.Table:
+    """Rows for the rejects table: which record, at which stage, and why. One rule
+    (:func:`_rejected_batch`), run on prepared rows this process holds (an Arrow table,
+    as ``toArrow`` gives them) or in Spark's tasks
+    (:func:`~etl.runtime.local.per_batch`)."""
+    return per_batch(prepared, partial(_rejected_batch, run_id=run_id), REJECTS_SCHEMA,
+                     [*REJECTS_SCHEMA.fieldNames(), "status"])
 
 
-def rejected_rows_arrow(prepared: pa.Table, *, run_id: str) -> pa.Table:
-    """:func:`rejected_rows` of prepared rows this process holds (the Arrow table
-    ``toArrow`` gives for them), built here (:func:`~etl.runtime.local.projected`)."""
+def _rejected_batch(prepared: pa.Table, *, run_id: str) -> pa.Table:
+    """:func:`rejected_rows` of one Arrow batch."""
     rows = prepared.filter(pc.not_equal(prepared.column("status"), "ok"))
     return projected(rows, REJECTS_SCHEMA, {
         "reason": pc.coalesce(rows.column("reason"), "unknown"),
