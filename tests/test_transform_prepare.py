@@ -83,8 +83,26 @@ def test_rejected_rows_held_here_are_the_rows_spark_tasks_build(spark):
                   "id5": ("prepare", "empty", "r1")}
 
 
+def _spark_aggregate(prepared):
+    """The outcome counts as one Spark aggregate, written here: what `outcome_counts`
+    must give however it runs (the smallest failed (key, detail) per group, as Spark's
+    min of a struct orders it)."""
+    example = F.min(F.when(
+        F.col("status") != "ok",
+        F.struct(F.col("source_key").alias("key"), F.col("detail").alias("detail"))))
+    return prepared.groupBy(
+        "source", "stage", "status", "reason",
+        F.col("prepared.filter_reason").alias("filter_reason")).agg(
+        F.count(F.lit(1)).alias("count"), example.alias("example"))
+
+
+def _plain(rows):
+    return sorted(((r.source, r.stage, r.status, r.reason, r.filter_reason, r["count"],
+                    None if r.example is None else tuple(r.example)) for r in rows), key=repr)
+
+
 def test_outcome_counts_balance(spark):
-    rows = outcome_counts(_prepared(spark)).collect()
+    rows = outcome_counts(_prepared(spark)).rows
     counts = {(r.source, r.status, r.reason, r.filter_reason): r["count"] for r in rows}
     assert counts == {
         ("s1", "ok", None, None): 1,
@@ -121,9 +139,10 @@ def test_failure_examples_put_internal_errors_first_then_the_commonest():
     assert failure_examples(outcome[:1], 3) == ()
 
 
-def test_outcome_counts_of_local_rows_here_equal_spark_aggregate(spark):
+def test_outcome_counts_of_held_rows_and_in_spark_tasks_equal_spark_aggregate(spark):
+    """One rule, run on rows this process holds and in Spark's tasks (``mapInArrow``,
+    the batches' partial counts merged), gives Spark's own aggregate of the same rows."""
     from etl.runtime.local import is_local, local_arrow
-    from etl.transforms.prepare import outcome_counts_arrow
 
     rows = [  # source, stage, status, reason, filter_reason, key, detail
         ("s1", "prepare", "ok", None, None, "k1", None),
@@ -144,48 +163,43 @@ def test_outcome_counts_of_local_rows_here_equal_spark_aggregate(spark):
     local = spark.createDataFrame(table)
     assert is_local(local)
 
-    def plain(out):
-        return sorted(((r.source, r.stage, r.status, r.reason, r.filter_reason, r["count"],
-                        None if r.example is None else tuple(r.example)) for r in out),
-                      key=repr)
-
-    here = outcome_counts_arrow(local_arrow(local))
-    assert plain(here) == plain(outcome_counts(local).collect())
-    assert [r.__fields__ for r in here[:1]] == [outcome_counts(local).columns]
+    here = outcome_counts(local_arrow(local)).rows
+    in_tasks = outcome_counts(local.repartition(3)).rows  # several batches to merge
+    assert _plain(here) == _plain(in_tasks) == _plain(_spark_aggregate(local).collect())
+    assert [r.__fields__ for r in here[:1]] == [r.__fields__ for r in in_tasks[:1]] == [
+        _spark_aggregate(local).columns]
     examples = {r.reason: tuple(r.example) for r in here if r.example is not None}
     assert examples == {"undecodable": ("k3", None), "missing_image": ("kz", "y"),
                         "internal_error": ("k9", "boom")}
 
 
 def test_outcome_counts_and_the_tasks_fragments_in_one_job(spark):
-    """Curate's one aggregate after a fetch + prepare job whose tasks wrote to Lance: the
-    same outcome rows as `outcome_counts`, every task's list of fragments (it rides on
-    one row of the task), and a stage failure if a row's ``_written`` flag and its
-    status disagree."""
-    from etl.jobs.curate import _outcome_and_fragments
+    """The outcome counts after a fetch + prepare job whose tasks wrote to Lance, in
+    Spark's tasks: the same outcome rows as Spark's aggregate, every task's list of
+    fragments (it rides on one row of the task), and the rows whose ``_written`` flag
+    and status disagree."""
     from etl.transforms.prepare_task import FLAG, WRITTEN
 
     prepared = _prepared(spark)
     ok = F.col("status") == "ok"
     lists = F.when(F.col("sample_id") == "id1", F.array(F.lit("f1"), F.lit("f2"))) \
         .when(F.col("sample_id") == "id4", F.array(F.lit("f3")))
-    staged = prepared.withColumns({FLAG: ok, WRITTEN: lists})
-    rows, fragments = _outcome_and_fragments(staged)
-    assert sorted(map(tuple, rows), key=str) == sorted(
-        map(tuple, outcome_counts(prepared).collect()), key=str)
-    assert rows[0].__fields__ == outcome_counts(prepared).columns
-    assert sorted(fragments) == [["f1", "f2"], ["f3"]]
+    staged = prepared.withColumns({FLAG: ok, WRITTEN: lists}).repartition(2)
+    got = outcome_counts(staged)
+    assert _plain(got.rows) == _plain(_spark_aggregate(prepared).collect())
+    assert sorted(got.fragments) == [["f1", "f2"], ["f3"]] and got.disagree == 0
     wrong = prepared.withColumns({FLAG: F.col("sample_id").isin("id1", "id3"),
                                   WRITTEN: F.lit(None).cast("array<string>")})
-    with pytest.raises(RuntimeError, match="2 row"):
-        _outcome_and_fragments(wrong)  # id2 accepted, not written; id3 the reverse
+    # id2 accepted, not written; id3 the reverse
+    assert outcome_counts(wrong).disagree == 2 and outcome_counts(wrong).fragments == ()
 
 
 def test_up_to_the_driver_bound_the_tasks_rows_come_back_in_their_own_job(spark):
-    """Curate's fetch + prepare of a night within ``DRIVER_IDS`` new records: the rows
+    """Curate's fetch + prepare of a night within ``driver.ids`` new records: the rows
     come back to the driver in the one job that made them, and the outcome counts, the
-    tasks' fragments and the ``_written`` check are computed here, as the Spark
-    aggregate above computes them; the rows the later steps read are local data."""
+    tasks' fragments and the ``_written`` check are computed here, as Spark's aggregate
+    computes them; the rows the later steps read are local data; a row whose
+    ``_written`` flag and status disagree fails the stage."""
     from etl.jobs.curate import _collected
     from etl.runtime.local import is_local
     from etl.transforms.prepare_task import FLAG, WRITTEN
@@ -196,9 +210,8 @@ def test_up_to_the_driver_bound_the_tasks_rows_come_back_in_their_own_job(spark)
         .when(F.col("sample_id") == "id4", F.array(F.lit("f3")))
     staged = prepared.withColumns({FLAG: ok, WRITTEN: lists})
     got = _collected(spark, staged, written=object(), budget=5, on_driver=False)
-    assert sorted(map(tuple, got.outcome_rows), key=str) == sorted(
-        map(tuple, outcome_counts(prepared).collect()), key=str)
-    assert sorted(got.fragments) == [["f1", "f2"], ["f3"]]
+    assert _plain(got.outcome_rows) == _plain(_spark_aggregate(prepared).collect())
+    assert sorted(got.outcomes.fragments) == [["f1", "f2"], ["f3"]]
     assert is_local(got.rows) and got.cached is None
     assert got.rows.schema == prepared.schema
     assert sorted(map(tuple, got.rows.collect()), key=str) == sorted(
@@ -209,9 +222,8 @@ def test_up_to_the_driver_bound_the_tasks_rows_come_back_in_their_own_job(spark)
         _collected(spark, wrong, written=object(), budget=5, on_driver=False)
     # Without a sink (the driver's few, behind a takedown join): the same counts.
     plain = _collected(spark, prepared, written=None, budget=5, on_driver=True)
-    assert sorted(map(tuple, plain.outcome_rows), key=str) == sorted(
-        map(tuple, outcome_counts(prepared).collect()), key=str)
-    assert plain.fragments == () and plain.on_driver
+    assert _plain(plain.outcome_rows) == _plain(_spark_aggregate(prepared).collect())
+    assert plain.outcomes.fragments == () and plain.on_driver
 
 
 def test_one_projection_equals_with_columns_then_drop(spark):

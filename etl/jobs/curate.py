@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -70,12 +69,12 @@ from etl.transforms.bronze import (
     refuse_taken_down,
 )
 from etl.transforms.prepare import (
+    Outcomes,
     accepted_rows,
     curated_schema,
     failure_examples,
     fetch_and_prepare,
     outcome_counts,
-    outcome_counts_arrow,
     prepared_outcomes,
     rejected_rows,
 )
@@ -147,13 +146,12 @@ class _Prepared:
     """Step "fetch and prepare": every record processed this run, with its outcome."""
     rows: DataFrame | None  # prepared rows (persisted, their JPEGs already written as
     # Lance fragments; or local data, with them); None: none
-    outcome_rows: list  # outcome_counts(rows), collected
+    outcomes: Outcomes  # outcome_counts(rows): the groups, what the tasks wrote
     examples: tuple[str, ...]  # a few failed records, for the failure budgets' messages
     on_driver: bool = False  # prepared on the driver: `rows` are local data, or their
     # takedown checks (joins) are not
     written: PendingAppend | None = None  # the accepted rows, written by the tasks that
     # prepared them, to commit (not on the driver)
-    fragments: tuple = ()  # what `written`'s tasks wrote, one list per task
     cached: DataFrame | None = None  # the persisted frame `rows` reads (to unpersist)
     held: pa.Table | None = None  # `rows` as Arrow, where this process holds them: the
     # bookkeeping's rows are built from it, with no Spark query planned over local data
@@ -161,7 +159,16 @@ class _Prepared:
     @classmethod
     def nothing(cls) -> _Prepared:
         """No record to process: no fetch, no prepare, no Python worker started."""
-        return cls(None, [], ())
+        return cls(None, Outcomes([]), ())
+
+    @classmethod
+    def counted(cls, rows: DataFrame, outcomes: Outcomes, budget: int, **kw) -> _Prepared:
+        """`rows` with their outcomes and up to `budget` failed records as examples."""
+        return cls(rows, outcomes, failure_examples(outcomes.rows, budget), **kw)
+
+    @property
+    def outcome_rows(self) -> list:
+        return self.outcomes.rows
 
     @property
     def processed(self) -> int:
@@ -219,21 +226,16 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
         # Local data (a few records, on the driver) is read again without a job, and
         # counted here.
         held = local_arrow(prepared)
-        outcome_rows = outcome_counts_arrow(held)
-        return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
-                         on_driver=True, held=held)
+        return _Prepared.counted(prepared, outcome_counts(held), budget, on_driver=True,
+                                 held=held)
     if diff.new_records <= cfg.driver.ids:
         return _collected(spark, prepared, written, budget, on_driver=diff.small)
     prepared = cached = prepared.persist(StorageLevel.MEMORY_AND_DISK)
-    fragments: tuple = ()
-    if written is None:
-        outcome_rows = outcome_counts(prepared).collect()
-    else:
-        outcome_rows, fragments = _outcome_and_fragments(prepared)
+    outcomes = _checked(outcome_counts(prepared))  # one job, once the rows are computed
+    if written is not None:
         prepared = prepared.drop(FLAG, WRITTEN)
-    return _Prepared(prepared, outcome_rows, failure_examples(outcome_rows, budget),
-                     on_driver=diff.small, written=written, fragments=fragments,
-                     cached=cached)
+    return _Prepared.counted(prepared, outcomes, budget, on_driver=diff.small,
+                             written=written, cached=cached)
 
 
 def _pending_append(spark: SparkSession, cfg: Config, todo: DataFrame) -> PendingAppend:
@@ -265,52 +267,25 @@ def _collected(spark: SparkSession, prepared: DataFrame, written: PendingAppend 
     the later steps read them as local data -- no persisted frame, no Spark job for the
     outcome counts, the rejects or the manifest rows."""
     table = prepared.toArrow()
-    fragments: tuple = ()
+    outcomes = _checked(outcome_counts(table))
     if written is not None:
-        fragments = _written_fragments(table)
         table = table.drop_columns([FLAG, WRITTEN])
         prepared = prepared.drop(FLAG, WRITTEN)
     rows = spark.createDataFrame(table, prepared.schema)
-    outcome_rows = outcome_counts_arrow(table)
-    return _Prepared(rows, outcome_rows, failure_examples(outcome_rows, budget),
-                     on_driver=on_driver, written=written, fragments=fragments, held=table)
+    return _Prepared.counted(rows, outcomes, budget, on_driver=on_driver, written=written,
+                             held=table)
 
 
-def _written_fragments(table: pa.Table) -> tuple:
-    """What the tasks wrote (one list per task), from the collected rows' ``_written`` and
-    ``_sink_written``; fails the stage where a row's ``_written`` and final status
-    disagree (:func:`_outcome_and_fragments`)."""
-    ok = pc.equal(table.column("status"), "ok")
-    flag = table.column(FLAG)
-    agree = pc.if_else(pc.and_(pc.is_null(flag), pc.is_null(ok)), True,
-                       pc.fill_null(pc.equal(flag, ok), False))
-    _check_written(len(table) - (pc.sum(agree).as_py() or 0))
-    return tuple(w for w in table.column(WRITTEN).to_pylist() if w is not None)
-
-
-def _check_written(disagree: int) -> None:
-    if disagree:
+def _checked(outcomes: Outcomes) -> Outcomes:
+    """`outcomes`, once every row the tasks wrote to Lance is accepted and every accepted
+    row written (a bug otherwise: the tasks decide what is accepted as the outcome
+    columns do); the stage fails and nothing is committed where they disagree."""
+    if outcomes.disagree:
         raise RuntimeError(
-            f"curate: {disagree} row(s) were written to Lance by the fetch + prepare "
-            "tasks but are not accepted, or accepted but not written: the tasks' acceptance "
-            "and the outcome columns disagree (nothing is committed)")
-
-
-def _outcome_and_fragments(staged: DataFrame) -> tuple[list[Row], tuple]:
-    """The outcome counts (as :func:`outcome_counts` collects them) and what the tasks
-    wrote (one list per task), in one job once the persisted rows are computed; fails
-    the stage if a row's ``_written`` and its final status disagree (a bug: the tasks
-    decide what is accepted as the outcome columns do)."""
-    groups = outcome_counts(
-        staged,
-        F.collect_list(WRITTEN).alias("_written_lists"),
-        F.sum(F.when(~F.col(FLAG).eqNullSafe(F.col("status") == "ok"), 1).otherwise(0))
-        .alias("_disagree"),
-    ).collect()
-    _check_written(sum(g["_disagree"] for g in groups))
-    names = [n for n in groups[0].__fields__ if not n.startswith("_")] if groups else []
-    return ([Row(**{n: g[n] for n in names}) for g in groups],
-            tuple(list(w) for g in groups for w in g["_written_lists"]))
+            f"curate: {outcomes.disagree} row(s) were written to Lance by the fetch + "
+            "prepare tasks but are not accepted, or accepted but not written: the tasks' "
+            "acceptance and the outcome columns disagree (nothing is committed)")
+    return outcomes
 
 
 # New records per fetch + prepare task, each writing its own Lance fragment: a night of
@@ -384,7 +359,7 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
         # Scalar indexes on the columns analysts filter by extend to the new fragments.
         curated = Catalog.of(spark, cfg).curated
         if prep.written is not None:
-            curated.commit(prep.written, prep.fragments)
+            curated.commit(prep.written, prep.outcomes.fragments)
         else:
             curated.append(accepted_rows(prep.rows, run_id=run_id, ingested_at=F.lit(now),
                                          extra=UPSTREAM_COLUMNS), on_driver=prep.on_driver)

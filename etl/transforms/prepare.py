@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 
 import pyarrow as pa
@@ -34,7 +35,7 @@ from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
            "curated_columns", "curated_schema", "rejected_rows",
-           "outcome_counts", "outcome_counts_arrow", "failure_examples"]
+           "Outcomes", "outcome_counts", "failure_examples"]
 
 
 def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[SourceConfig],
@@ -210,52 +211,108 @@ def _rejected_batch(prepared: pa.Table, *, run_id: str) -> pa.Table:
         "run_id": pa.array([run_id] * rows.num_rows, pa.string())})
 
 
-def outcome_counts(prepared: DataFrame, *extra: Column) -> DataFrame:
+# The groups of the run's accounting, and one batch's partial counts of them
+# (:func:`_outcome_batch`): per group its rows and its smallest failed example, and where
+# a sink wrote the rows, how many rows' ``_written`` flag disagrees with their status and
+# what the sink returned, in row order (on the batch's first group).
+_OUTCOME_KEYS = ("source", "stage", "status", "reason", "filter_reason")
+_PARTIAL_OUTCOMES = T.StructType([
+    *[T.StructField(k, T.StringType(), True) for k in _OUTCOME_KEYS],
+    T.StructField("count", T.LongType(), True),
+    T.StructField("example", T.StructType([T.StructField("key", T.StringType(), True),
+                                           T.StructField("detail", T.StringType(), True)]),
+                  True),
+    T.StructField("_disagree", T.LongType(), True),
+    T.StructField("_written", T.ArrayType(T.ArrayType(T.StringType(), True), True), True),
+])
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """A run's outcome counts, collected."""
+    rows: list[Row]  # per group: source, stage, status, reason, filter_reason, count,
+    # example (key, detail) of a failed row or None
+    fragments: tuple = ()  # what a sink wrote, one list per task (rows with ``_written``)
+    disagree: int = 0  # rows whose ``_written`` flag and final status disagree
+
+
+def outcome_counts(prepared: DataFrame | pa.Table) -> Outcomes:
     """Counts by (source, stage, status, reason, filter_reason): the run's accounting,
     as data. `filter_reason` is set on accepted rows a light filter flagged. Each group
     of failed rows also carries an `example`: the key and detail of one of its rows (the
-    smallest key, so the same input gives the same example). `extra`: more aggregates
-    per group, after those (computed by the same job)."""
-    filter_reason = F.col("prepared.filter_reason").alias("filter_reason")
-    example = F.min(F.when(
-        F.col("status") != "ok",
-        F.struct(F.col("source_key").alias("key"), F.col("detail").alias("detail")),
-    )).alias("example")
-    return prepared.groupBy("source", "stage", "status", "reason", filter_reason).agg(
-        F.count(F.lit(1)).alias("count"), example, *extra
-    )
+    smallest key, so the same input gives the same example). Rows a sink wrote
+    (``_written``, ``_sink_written``: :mod:`etl.transforms.prepare_task`) also give what
+    it wrote and how many rows' flag disagrees with their status.
+
+    One rule per Arrow batch (:func:`_outcome_batch`), run on prepared rows this process
+    holds (no Spark job: 1-1.5 s when it is the first of a cold driver JVM) or in Spark's
+    tasks (:func:`~etl.runtime.local.per_batch`, one job); the batches' partial counts
+    are merged here. `prepared` has ``source, stage, status, reason, source_key, detail``
+    and either ``filter_reason`` or the ``prepared`` struct it is read from."""
+    if isinstance(prepared, DataFrame) and "filter_reason" not in prepared.columns:
+        prepared = prepared.withColumn("filter_reason", F.col("prepared.filter_reason"))
+    partial = per_batch(prepared, _outcome_batch, _PARTIAL_OUTCOMES,
+                        [*_OUTCOME_KEYS, "source_key", "detail", FLAG, WRITTEN])
+    return _merged(partial if isinstance(partial, pa.Table) else partial.toArrow())
 
 
-def outcome_counts_arrow(table: pa.Table) -> list[Row]:
-    """``outcome_counts(prepared).collect()`` for prepared rows this process holds (a
-    night's rows collected by the job that made them, or a few records prepared on the
-    driver), computed here as Arrow: the same groups, counts and examples, without the
-    Spark job an aggregate runs (1-1.5 s when it is the first of a cold driver JVM).
-    `table` has ``source, stage, status, reason, source_key, detail`` and either
-    ``filter_reason`` or the ``prepared`` struct it is read from."""
+def _outcome_batch(table: pa.Table) -> pa.Table:
+    """One batch's partial outcome counts (:data:`_PARTIAL_OUTCOMES`)."""
     if "filter_reason" not in table.column_names:
         table = table.append_column("filter_reason", pc.struct_field(
             table.column("prepared").combine_chunks(), "filter_reason"))
-    keys = ["source", "stage", "status", "reason", "filter_reason"]
-    counts = table.group_by(keys, use_threads=False).aggregate(
-        [("source_key", "count", pc.CountOptions(mode="all"))])
-    # Spark's min of the (key, detail) struct over each group's failed rows, field by
-    # field, null first: in Python over the failed rows alone.
-    status = table.column("status")
-    failed = table.filter(pc.fill_null(pc.not_equal(status, "ok"), False))
+    keys = list(_OUTCOME_KEYS)
+    aggregates = [("source_key", "count", pc.CountOptions(mode="all"))]
+    sink = FLAG in table.column_names
+    if sink:  # as Spark's NOT _written <=> (status = 'ok')
+        ok, flag = pc.equal(table.column("status"), "ok"), table.column(FLAG)
+        agree = pc.if_else(pc.and_(pc.is_null(flag), pc.is_null(ok)), True,
+                           pc.fill_null(pc.equal(flag, ok), False))
+        table = table.append_column("_disagree", pc.cast(pc.invert(agree), pa.int64()))
+        aggregates.append(("_disagree", "sum"))
+    counts = table.group_by(keys, use_threads=False).aggregate(aggregates)
+    examples = _smallest_examples(table, keys)
+    written = [w for w in table.column(WRITTEN).to_pylist() if w is not None] if sink else []
+    out = []
+    for i, r in enumerate(counts.to_pylist()):
+        ex = examples.get(tuple(r[k] for k in keys))
+        out.append({**{k: r[k] for k in keys}, "count": r["source_key_count"],
+                    "example": None if ex is None else {"key": ex[0], "detail": ex[1]},
+                    "_disagree": r.get("_disagree_sum") or 0,
+                    "_written": written if i == 0 else []})
+    return pa.Table.from_pylist(out, schema=to_arrow_schema(_PARTIAL_OUTCOMES))
+
+
+def _smallest_examples(table: pa.Table, keys: list[str]) -> dict[tuple, tuple]:
+    """Per group, Spark's min of the (key, detail) struct over its failed rows, field by
+    field, null first: in Python over the failed rows alone."""
+    failed = table.filter(pc.fill_null(pc.not_equal(table.column("status"), "ok"), False))
     examples: dict[tuple, tuple] = {}
     for r in failed.select([*keys, "source_key", "detail"]).to_pylist():
         group, example = tuple(r[k] for k in keys), (r["source_key"], r["detail"])
         if group not in examples or _struct_order(example) < _struct_order(examples[group]):
             examples[group] = example
-    out = []
-    for r in counts.to_pylist():
-        ex = examples.get(tuple(r[k] for k in keys))
-        out.append(Row(source=r["source"], stage=r["stage"], status=r["status"],
-                       reason=r["reason"], filter_reason=r["filter_reason"],
-                       count=r["source_key_count"],
-                       example=None if ex is None else Row(key=ex[0], detail=ex[1])))
-    return out
+    return examples
+
+
+def _merged(partial: pa.Table) -> Outcomes:
+    """The batches' partial counts as one :class:`Outcomes`."""
+    groups: dict[tuple, list] = {}
+    fragments: list = []
+    disagree = 0
+    for r in partial.to_pylist():
+        group = groups.setdefault(tuple(r[k] for k in _OUTCOME_KEYS), [0, None])
+        group[0] += r["count"]
+        ex = r["example"]
+        if ex is not None and (group[1] is None or _struct_order(
+                (ex["key"], ex["detail"])) < _struct_order(group[1])):
+            group[1] = (ex["key"], ex["detail"])
+        disagree += r["_disagree"] or 0
+        fragments += [list(w) for w in r["_written"] or ()]
+    rows = [Row(**dict(zip(_OUTCOME_KEYS, key, strict=True)), count=count,
+                example=None if ex is None else Row(key=ex[0], detail=ex[1]))
+            for key, (count, ex) in groups.items()]
+    return Outcomes(rows, tuple(fragments), disagree)
 
 
 def _struct_order(values: tuple) -> tuple:
