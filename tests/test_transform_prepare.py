@@ -194,14 +194,16 @@ def test_outcome_counts_and_the_tasks_fragments_in_one_job(spark):
     assert outcome_counts(wrong).disagree == 2 and outcome_counts(wrong).fragments == ()
 
 
-def test_up_to_the_driver_bound_the_tasks_rows_come_back_in_their_own_job(spark):
+def test_the_tasks_rows_come_back_up_to_the_driver_bound_and_are_persisted_past_it(spark):
     """Curate's fetch + prepare of a night within ``driver.ids`` new records: the rows
     come back to the driver in the one job that made them, and the outcome counts, the
     tasks' fragments and the ``_written`` check are computed here, as Spark's aggregate
-    computes them; the rows the later steps read are local data; a row whose
-    ``_written`` flag and status disagree fails the stage."""
-    from etl.jobs.curate import _collected
+    computes them; the rows the later steps read are local data. Past the bound the rows
+    are persisted and the same counts come from Spark's tasks. A row whose ``_written``
+    flag and status disagree fails the stage."""
+    from etl.jobs.curate import _checked
     from etl.runtime.local import is_local
+    from etl.transforms.prepare import counted
     from etl.transforms.prepare_task import FLAG, WRITTEN
 
     prepared = _prepared(spark)
@@ -209,21 +211,29 @@ def test_up_to_the_driver_bound_the_tasks_rows_come_back_in_their_own_job(spark)
     lists = F.when(F.col("sample_id") == "id1", F.array(F.lit("f1"), F.lit("f2"))) \
         .when(F.col("sample_id") == "id4", F.array(F.lit("f3")))
     staged = prepared.withColumns({FLAG: ok, WRITTEN: lists})
-    got = _collected(spark, staged, written=object(), budget=5, on_driver=False)
-    assert _plain(got.outcome_rows) == _plain(_spark_aggregate(prepared).collect())
+    expected = _plain(_spark_aggregate(prepared).collect())
+    got = counted(staged, new_records=5, bound=5)
+    assert _plain(got.outcomes.rows) == expected
     assert sorted(got.outcomes.fragments) == [["f1", "f2"], ["f3"]]
-    assert is_local(got.rows) and got.cached is None
+    assert is_local(got.rows) and got.cached is None and got.held is not None
     assert got.rows.schema == prepared.schema
     assert sorted(map(tuple, got.rows.collect()), key=str) == sorted(
         map(tuple, prepared.collect()), key=str)
+    past = counted(staged, new_records=5, bound=4)
+    assert _plain(past.outcomes.rows) == expected and past.held is None
+    assert sorted(past.outcomes.fragments) == [["f1", "f2"], ["f3"]]
+    assert past.cached is not None and past.rows.schema == prepared.schema
+    assert sorted(map(tuple, past.rows.collect()), key=str) == sorted(
+        map(tuple, prepared.collect()), key=str)
+    past.cached.unpersist()
     wrong = prepared.withColumns({FLAG: F.col("sample_id").isin("id1", "id3"),
                                   WRITTEN: F.lit(None).cast("array<string>")})
     with pytest.raises(RuntimeError, match="2 row"):
-        _collected(spark, wrong, written=object(), budget=5, on_driver=False)
+        _checked(counted(wrong, new_records=5, bound=5).outcomes)
     # Without a sink (the driver's few, behind a takedown join): the same counts.
-    plain = _collected(spark, prepared, written=None, budget=5, on_driver=True)
-    assert _plain(plain.outcome_rows) == _plain(_spark_aggregate(prepared).collect())
-    assert plain.outcomes.fragments == () and plain.on_driver
+    plain = counted(prepared, new_records=5, bound=5)
+    assert _plain(plain.outcomes.rows) == expected
+    assert plain.outcomes.fragments == ()
 
 
 def test_one_projection_equals_with_columns_then_drop(spark):

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pyarrow as pa
-from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -50,7 +49,6 @@ from etl.lakehouse.maintenance import (
 )
 from etl.lakehouse.source_diff import Diff, Removals
 from etl.runtime.faults import fault_point
-from etl.runtime.local import is_local, local_arrow
 from etl.runtime.progress import event
 from etl.runtime.stage import RowTally, RunContext, StageResult
 from etl.schema import UPSTREAM_COLUMNS
@@ -71,14 +69,14 @@ from etl.transforms.bronze import (
 from etl.transforms.prepare import (
     Outcomes,
     accepted_rows,
+    counted,
     curated_schema,
     failure_examples,
     fetch_and_prepare,
-    outcome_counts,
     prepared_outcomes,
     rejected_rows,
 )
-from etl.transforms.prepare_task import FLAG, WRITTEN, RowSink
+from etl.transforms.prepare_task import RowSink
 from etl.writers.lance import PendingAppend
 
 __all__ = ["CurateResult", "curate", "stage"]
@@ -161,11 +159,6 @@ class _Prepared:
         """No record to process: no fetch, no prepare, no Python worker started."""
         return cls(None, Outcomes([]), ())
 
-    @classmethod
-    def counted(cls, rows: DataFrame, outcomes: Outcomes, budget: int, **kw) -> _Prepared:
-        """`rows` with their outcomes and up to `budget` failed records as examples."""
-        return cls(rows, outcomes, failure_examples(outcomes.rows, budget), **kw)
-
     @property
     def outcome_rows(self) -> list:
         return self.outcomes.rows
@@ -221,21 +214,11 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
     )
     if refused is not None:
         prepared = refuse_prepared(prepared, refused)  # the same picture, re-encoded
-    budget = cfg.run.budgets.examples
-    if diff.small and is_local(prepared):
-        # Local data (a few records, on the driver) is read again without a job, and
-        # counted here.
-        held = local_arrow(prepared)
-        return _Prepared.counted(prepared, outcome_counts(held), budget, on_driver=True,
-                                 held=held)
-    if diff.new_records <= cfg.driver.ids:
-        return _collected(spark, prepared, written, budget, on_driver=diff.small)
-    prepared = cached = prepared.persist(StorageLevel.MEMORY_AND_DISK)
-    outcomes = _checked(outcome_counts(prepared))  # one job, once the rows are computed
-    if written is not None:
-        prepared = prepared.drop(FLAG, WRITTEN)
-    return _Prepared.counted(prepared, outcomes, budget, on_driver=diff.small,
-                             written=written, cached=cached)
+    got = counted(prepared, new_records=diff.new_records, bound=cfg.driver.ids)
+    outcomes = _checked(got.outcomes)
+    return _Prepared(got.rows, outcomes,
+                     failure_examples(outcomes.rows, cfg.run.budgets.examples),
+                     on_driver=diff.small, written=written, cached=got.cached, held=got.held)
 
 
 def _pending_append(spark: SparkSession, cfg: Config, todo: DataFrame) -> PendingAppend:
@@ -257,23 +240,6 @@ def _row_sink(spark: SparkSession, written: PendingAppend, refused: DataFrame | 
     # As Spark stores F.lit(now): the run's timestamp everywhere else.
     return RowSink(written.write_task, written.schema, run_id,
                    T.TimestampType().toInternal(now), hashes)
-
-
-def _collected(spark: SparkSession, prepared: DataFrame, written: PendingAppend | None,
-               budget: int, *, on_driver: bool) -> _Prepared:
-    """Step "fetch and prepare" for up to ``driver.ids`` new records: the tasks'
-    rows (without their images: those are written, or in ``prepared.image`` on the
-    driver's few) come back to the driver in the job that fetches and prepares them, and
-    the later steps read them as local data -- no persisted frame, no Spark job for the
-    outcome counts, the rejects or the manifest rows."""
-    table = prepared.toArrow()
-    outcomes = _checked(outcome_counts(table))
-    if written is not None:
-        table = table.drop_columns([FLAG, WRITTEN])
-        prepared = prepared.drop(FLAG, WRITTEN)
-    rows = spark.createDataFrame(table, prepared.schema)
-    return _Prepared.counted(rows, outcomes, budget, on_driver=on_driver, written=written,
-                             held=table)
 
 
 def _checked(outcomes: Outcomes) -> Outcomes:

@@ -157,7 +157,7 @@ class TableSource(SourceAdapter):
         return _read_in_driver(self._files(source))
 
     def read_arrow(self, source: SourceConfig) -> pa.Table:
-        return _table_here(self._files(source), source)
+        return _read_in_process(self._files(source), source)
 
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
@@ -167,7 +167,7 @@ class TableSource(SourceAdapter):
         if _read_in_driver(files):
             # A small local table (a URL list): read here by the same function, handed
             # to Spark as local data -- no Spark job and no Python worker to list it.
-            return spark.createDataFrame(_table_here(files, source), RAW_SCHEMA)
+            return spark.createDataFrame(_read_in_process(files, source), RAW_SCHEMA)
         units = [f[:4] for f in files]  # what `_read_unit` reads of each file
         return spark.createDataFrame(
             units, ", ".join(f"{n} string" for n in _UNIT_FIELDS)
@@ -199,7 +199,7 @@ def _read_units(batches: Iterator[pa.RecordBatch], mapping: dict[str, str],
             yield from _read_unit(*(unit[n] for n in _UNIT_FIELDS), mapping, limits)
 
 
-def _table_here(files: list[tuple], source: SourceConfig) -> pa.Table:
+def _read_in_process(files: list[tuple], source: SourceConfig) -> pa.Table:
     """Every row of `files`, read in this process (RAW_SCHEMA, as Arrow)."""
     mapping, limits = dict(source.columns), RowLimits.of(source)
     return pa.Table.from_batches(

@@ -8,13 +8,14 @@ from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl.config import FetchConfig, PrepareConfig, SourceConfig
-from etl.runtime.local import local_arrow, per_batch, projected
+from etl.runtime.local import is_local, local_arrow, per_batch, projected
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
 from etl.transforms.fetch import fetch_outcome, needs_fetch
 from etl.transforms.prepare_task import (
@@ -35,7 +36,7 @@ from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
            "curated_columns", "curated_schema", "rejected_rows",
-           "Outcomes", "outcome_counts", "failure_examples"]
+           "Outcomes", "outcome_counts", "Counted", "counted", "failure_examples"]
 
 
 def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[SourceConfig],
@@ -72,7 +73,7 @@ def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[Sourc
     if on_driver:
         if sink is not None:
             raise ValueError("fetch_and_prepare: a sink is for Spark's tasks, not the driver")
-        out = _fetch_prepare_here(staged, T.StructType(fields), fetch, rules, opts)
+        out = _fetch_prepare_in_driver(staged, T.StructType(fields), fetch, rules, opts)
     else:
         if sink is not None:
             fields += [T.StructField(FLAG, T.BooleanType(), True),
@@ -105,7 +106,7 @@ def _with_columns(df: DataFrame, names: Sequence[str], columns: Mapping[str, Col
 _DRIVER_BATCH = 64
 
 
-def _fetch_prepare_here(staged: DataFrame, schema: T.StructType, fetch: FetchConfig,
+def _fetch_prepare_in_driver(staged: DataFrame, schema: T.StructType, fetch: FetchConfig,
                         rules: Mapping, opts: PrepareConfig) -> DataFrame:
     """`staged` (with the :data:`ARGS` columns) with ``_fp`` (:data:`FP_TYPE`, null
     where the row is not to be processed) computed in this process, as a frame of local
@@ -254,6 +255,36 @@ def outcome_counts(prepared: DataFrame | pa.Table) -> Outcomes:
     partial = per_batch(prepared, _outcome_batch, _PARTIAL_OUTCOMES,
                         [*_OUTCOME_KEYS, "source_key", "detail", FLAG, WRITTEN])
     return _merged(partial if isinstance(partial, pa.Table) else partial.toArrow())
+
+
+@dataclass(frozen=True)
+class Counted:
+    """Prepared rows with their outcomes, as the later steps read them."""
+    rows: DataFrame  # without a sink's columns; local data where this process holds them
+    outcomes: Outcomes
+    held: pa.Table | None = None  # `rows` as Arrow, where this process holds them
+    cached: DataFrame | None = None  # the persisted frame `rows` reads (to unpersist)
+
+
+def counted(prepared: DataFrame, *, new_records: int, bound: int) -> Counted:
+    """`prepared`'s outcome counts, and its rows where the later steps read them, with
+    one job at most: local data (a few records prepared on the driver) is collected
+    without a job; up to `bound` new records (``driver.ids``) the rows -- without their
+    images, so small -- come back to the driver in the job that makes them; more are
+    persisted and counted in Spark's tasks. A sink's columns (``_written``,
+    ``_sink_written``) are read into the outcomes and dropped."""
+    sink = [c for c in (FLAG, WRITTEN) if c in prepared.columns]
+    local = is_local(prepared)
+    if local or new_records <= bound:
+        table = local_arrow(prepared) if local else prepared.toArrow()
+        outcomes = outcome_counts(table)
+        if sink:
+            table, prepared = table.drop_columns(sink), prepared.drop(*sink)
+        rows = prepared if local else prepared.sparkSession.createDataFrame(
+            table, prepared.schema)
+        return Counted(rows, outcomes, held=table)
+    cached = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    return Counted(cached.drop(*sink), outcome_counts(cached), cached=cached)
 
 
 def _outcome_batch(table: pa.Table) -> pa.Table:
