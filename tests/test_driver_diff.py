@@ -72,6 +72,11 @@ def test_driver_and_spark_comparisons_of_a_folder_agree(spark, tmp_path, monkeyp
     driver = _diff(spark, cfg, driver=True, monkeypatch=monkeypatch)
     in_spark = _diff(spark, cfg, driver=False, monkeypatch=monkeypatch)
     assert driver[0] and not in_spark[0]  # each took the path it was meant to
+    # A manifest of more rows than driver.ids: the same answer, from Spark's join.
+    past_bound = _diff(spark, cfg.model_copy(update={
+        "driver": cfg.driver.model_copy(update={"ids": 3})}), driver=True,
+        monkeypatch=monkeypatch)
+    assert not past_bound[0] and past_bound[1:] == in_spark[1:]
     # Compared here but too many for the driver: Spark's tasks, counted without asking.
     _assert_tasks_counted(spark, cfg.model_copy(update={
         "driver": cfg.driver.model_copy(update={"prepare_rows": 0})}), 5)
