@@ -98,6 +98,17 @@ class Layout:
         """lakeshard's own state under the root (the layout marker)."""
         return _join(object_url(self.root), "_lakeshard")
 
+    @property
+    def source_versions(self) -> str:
+        """The source versions the last completed curate fully handled
+        (:mod:`etl.lakehouse.curate_state`)."""
+        return _join(self.meta_dir, "source_versions.json")
+
+    @property
+    def curate_quiet(self) -> str:
+        """What a quiet night of curate needs (:mod:`etl.lakehouse.curate_state`)."""
+        return _join(self.meta_dir, "curate_quiet.json")
+
     def counts_cache(self, table: str) -> str:
         """Counts per fragment / data file of a table, kept for the report
         (:mod:`etl.lakehouse.counts`)."""

@@ -265,15 +265,13 @@ def _held_rows(with_sha: bool = True) -> pa.Table:
     return pa.table(columns)
 
 
-def test_manifest_rows_in_arrow_are_the_rows_spark_builds(spark):
+def test_manifest_rows_held_here_are_the_rows_spark_tasks_build(spark):
     """The manifest rows curate builds on the driver from rows it holds: the same rows,
-    values and types as ``manifest_rows`` of the same rows as local data in Spark, with
-    or without the source bytes' hash."""
-    from etl.transforms.bronze import manifest_rows_arrow
-
+    values and types as the same rule run in Spark's tasks (``mapInArrow``) over the
+    same rows as a frame, with or without the source bytes' hash."""
     for with_sha in (True, False):
         held = _held_rows(with_sha)
-        mine = manifest_rows_arrow(held, run_id="r1", ingested_at=NOW)
+        mine = manifest_rows(held, run_id="r1", ingested_at=NOW)
         theirs = manifest_rows(spark.createDataFrame(held), run_id="r1",
                                ingested_at=NOW).toArrow()
         assert mine.column_names == MANIFEST_SCHEMA.fieldNames()
@@ -293,15 +291,14 @@ def test_rows_built_on_the_driver_are_appended_and_merged_as_a_frames_are(spark,
     """Manifest and rejects rows given as Arrow tables: a first batch appended by
     delta-rs, then records the table holds upserted -- by Spark's MERGE where no driver
     bound is given (the Arrow rows as the MERGE's source), and by delta-rs."""
-    from etl.transforms.bronze import manifest_rows_arrow
-    from etl.transforms.prepare import rejected_rows_arrow
+    from etl.transforms.prepare import rejected_rows
     from etl.writers.delta import merge_manifest, merge_rejects
 
     manifest, rejects = str(tmp_path / "manifest"), str(tmp_path / "rejects")
     held = _held_rows()
-    merge_manifest(spark, manifest_rows_arrow(held, run_id="r1", ingested_at=NOW), manifest,
+    merge_manifest(spark, manifest_rows(held, run_id="r1", ingested_at=NOW), manifest,
                    driver_bound=100)
-    merge_rejects(spark, rejected_rows_arrow(held, run_id="r1"), rejects, driver_bound=100)
+    merge_rejects(spark, rejected_rows(held, run_id="r1"), rejects, driver_bound=100)
     # e has no status: the manifest calls it rejected; the rejects table leaves it out,
     # as Spark's filter does.
     # The next night: c fetched this time (accepted), a new record f rejected.
@@ -311,9 +308,9 @@ def test_rows_built_on_the_driver_are_appended_and_merged_as_a_frames_are(spark,
         "reason": pa.array([None, "too_large_bytes"], pa.string()),
         "occurrence": pa.array([1, 1], pa.int32())})
     for bound in (0, 100):  # Spark's MERGE, then delta-rs's (the same rows: no change)
-        merge_manifest(spark, manifest_rows_arrow(again, run_id="r2", ingested_at=NOW),
+        merge_manifest(spark, manifest_rows(again, run_id="r2", ingested_at=NOW),
                        manifest, driver_bound=bound)
-        merge_rejects(spark, rejected_rows_arrow(again, run_id="r2"), rejects,
+        merge_rejects(spark, rejected_rows(again, run_id="r2"), rejects,
                       driver_bound=bound)
         got = {r.sample_id: (r.status, r.reason, r.run_id)
                for r in spark.read.format("delta").load(manifest).collect()}

@@ -30,8 +30,11 @@ def _manifest_row(i: int, status: str = "accepted", run_id: str = "r1") -> dict:
     return row
 
 
-def _catalog(spark, root):
-    return Catalog.of(spark, make_config(root))
+def _catalog(spark, root, ids: int | None = None):
+    """The catalog of a root; `ids`: its driver/Spark bound (``driver.ids``; 0: every
+    batch takes the Spark path)."""
+    driver = {} if ids is None else {"driver": {"ids": ids}}
+    return Catalog.of(spark, make_config(root, **driver))
 
 
 def _manifest(spark, cat, rows):
@@ -43,23 +46,15 @@ def _table(spark, path):
     return sorted(tuple(r) for r in spark.read.format("delta").load(path).collect())
 
 
-@pytest.fixture
-def driver_bound(monkeypatch):
-    """Set the driver/Spark bound (0: every batch takes the Spark path)."""
-    return lambda n: monkeypatch.setattr(catalog_mod, "DRIVER_IDS", n)
-
-
-def test_curated_replace_driver_and_spark_paths_delete_the_same_rows(spark, tmp_path,
-                                                                        driver_bound):
+def test_curated_replace_driver_and_spark_paths_delete_the_same_rows(spark, tmp_path):
     held = [f"s{i:03d}" for i in range(40)]
     asked = held[::3] + ["absent-1", "absent-2"]  # some held, some not
     ids = spark.createDataFrame([(i,) for i in asked], "sample_id string")
     left = {}
     for name, bound in (("driver", 10_000), ("spark", 0)):
-        cat = _catalog(spark, tmp_path / name)
+        cat = _catalog(spark, tmp_path / name, bound)
         lance.write_dataset(pa.table({"sample_id": held, "n": list(range(40))}),
                             cat.curated.path)
-        driver_bound(bound)
         deleted = cat.curated.replace(spark, ids, len(asked))
         assert deleted == len(held[::3]), name
         left[name] = sorted(lance.dataset(cat.curated.path).to_table()["sample_id"]
@@ -69,16 +64,15 @@ def test_curated_replace_driver_and_spark_paths_delete_the_same_rows(spark, tmp_
 
 @pytest.mark.parametrize("changed", [False, True], ids=["all-new", "some-changed"])
 def test_manifest_merge_driver_append_and_spark_merge_leave_the_same_table(
-        spark, tmp_path, driver_bound, changed):
+        spark, tmp_path, changed):
     old = [_manifest_row(i) for i in range(5)]
     new = [_manifest_row(i, run_id="r2") for i in range(5, 9)]
     if changed:  # a record reprocessed: now rejected (a MERGE must update it)
         new.append(_manifest_row(2, status="rejected", run_id="r2"))
     tables = {}
     for name, bound in (("driver", 10_000), ("spark", 0)):
-        cat = _catalog(spark, tmp_path / name)
+        cat = _catalog(spark, tmp_path / name, bound)
         _manifest(spark, cat, old)
-        driver_bound(bound)
         before = cat.manifest.snapshot()
         version = cat.manifest.version()
         cat.manifest.merge(spark.createDataFrame(new, MANIFEST_SCHEMA), count=len(new),
@@ -106,7 +100,7 @@ def _reject_row(i: int, reason: str = "undecodable", detail: str | None = None,
 
 @pytest.mark.parametrize("held", ["no-table", "others", "same-record"])
 def test_rejects_merge_driver_append_and_spark_merge_leave_the_same_table(
-        spark, tmp_path, driver_bound, held):
+        spark, tmp_path, held):
     """A first run's rejects, or a night's rejects of records the table holds none of,
     are one delta-rs append; a record the table already holds (a run that died after its
     rejects and before its manifest) takes the MERGE, which adds no second row."""
@@ -120,11 +114,10 @@ def test_rejects_merge_driver_append_and_spark_merge_leave_the_same_table(
         _reject_row(7, "duplicate_key", "copy 2 of key k7", "r2")]
     tables, ops = {}, {}
     for name, bound in (("driver", 10_000), ("spark", 0)):
-        cat = _catalog(spark, tmp_path / name)
+        cat = _catalog(spark, tmp_path / name, bound)
         if old:
             spark.createDataFrame(old, REJECTS_SCHEMA).write.format("delta").save(
                 cat.rejects.path)
-        driver_bound(bound)
         cat.rejects.merge(spark.createDataFrame(new, REJECTS_SCHEMA), count=len(new))
         last = DeltaTable(cat.rejects.path).history(1)[0]
         ops[name] = last["operation"], last.get("engineInfo", "")[:8]

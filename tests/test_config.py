@@ -104,3 +104,25 @@ def test_cluster_templates_parse_and_share_the_local_keys():
         assert set(raw) == set(local), name
         cfg = check_config(parse_config(raw))
         assert cfg.spark.jars_dir is None and cfg.exports
+
+
+def test_driver_bounds_are_one_section_and_the_old_names_still_work(tmp_path):
+    """The driver/Spark bounds live in ``driver:``; ``prepare.driver_rows`` and
+    ``dedup.driver_max_rows`` of earlier releases are read as two of them, and a bound
+    set under both names is an error naming the old one."""
+    base = {"storage": {"root": str(tmp_path)},
+            "sources": [{"name": "s", "kind": "image_folder", "path": str(tmp_path)}]}
+    cfg = parse_config(base)
+    assert (cfg.driver.prepare_rows, cfg.driver.plan_rows, cfg.driver.ids,
+            cfg.driver.scan_rows) == (256, 50_000, 100_000, 2_000_000)
+    old = parse_config({**base, "prepare": {"driver_rows": 3, "jpeg_quality": 90},
+                        "dedup": {"driver_max_rows": 7}})
+    assert (old.driver.prepare_rows, old.driver.plan_rows) == (3, 7)
+    assert old.prepare.jpeg_quality == 90
+    assert parse_config({**base, "driver": {"ids": 0}}).driver.ids == 0
+    with pytest.raises(ConfigError, match=r"^dedup\.driver_max_rows: is driver\.plan_rows"):
+        parse_config({**base, "dedup": {"driver_max_rows": 7}, "driver": {"plan_rows": 8}})
+    with pytest.raises(ConfigError, match=r"driver\.prepare_rows: must be <= 4096"):
+        parse_config({**base, "driver": {"prepare_rows": 5000}})
+    with pytest.raises(ConfigError, match=r"driver: unknown key 'rows'"):
+        parse_config({**base, "driver": {"rows": 1}})

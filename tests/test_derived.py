@@ -68,20 +68,26 @@ def _cfg(tmp_path):
                                       "columns": {"key": "k", "image": "b"}}]})
 
 
-def test_curate_source_versions_follow_the_rules(tmp_path):
-    from etl.jobs import curate
+def _curate_state(cfg):
+    from etl import tables
+    from etl.lakehouse.curate_state import CurateState
 
+    return CurateState.of(tables.layout(cfg))
+
+
+def test_curate_source_versions_follow_the_rules(tmp_path):
     cfg = _cfg(tmp_path)
-    assert curate._previous_versions(cfg) == {}
-    curate._record_versions(cfg, {"source:s:abc": 4})
-    assert curate._previous_versions(cfg) == {"source:s:abc": 4}
+    state = _curate_state(cfg)
+    assert state.source_versions() == {}
+    state.record_versions({"source:s:abc": 4})
+    assert state.source_versions() == {"source:s:abc": 4}
     path = tmp_path / "_lakeshard" / "source_versions.json"
     assert _raw(path)["kind"] == "source_versions"
     path.write_text('{"source:s:abc": 4}')  # an older, bare document: compared in full
-    assert curate._previous_versions(cfg) == {}
+    assert state.source_versions() == {}
     path.write_text('{"kind": "source_versions", "format": 1, "key": null, '
                     '"payload": {"source:s:abc": "four"}}')
-    assert curate._previous_versions(cfg) == {}
+    assert state.source_versions() == {}
 
 
 def test_an_export_memo_is_keyed_by_the_versions_it_counted_at(tmp_path):
@@ -134,10 +140,8 @@ def test_an_export_key_is_kept_only_for_the_export_in_place(tmp_path):
 
 
 def test_the_quiet_night_document_is_cleared_not_trusted(tmp_path):
-    from etl.jobs import curate
-
     cfg = _cfg(tmp_path)
-    state = curate._quiet_state(cfg)
+    state = _curate_state(cfg).quiet
     key = {"sources": {"s": ["cfg", "version 3"]}, "manifest": 4, "takedowns": None,
            "code": "x"}
     state.save(key, {"unchanged": {"s": 2}, "scans": {"s": "listing"}, "versions": {}})

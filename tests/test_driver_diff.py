@@ -12,10 +12,13 @@ import os
 import pytest
 from conftest import jpeg_bytes, make_config
 
+from etl import tables
 from etl.config import PrepareConfig
 from etl.jobs import curate as curate_job
 from etl.lakehouse.catalog import Catalog
+from etl.lakehouse.curate_state import CurateState
 from etl.pipeline.preflight import check_sources
+from etl.runtime.local import is_local
 from etl.schema import sample_id_of
 from etl.sources import listing
 from etl.sources.file_table import TableSource
@@ -33,12 +36,12 @@ def _diff(spark, cfg, *, driver: bool, monkeypatch):
         if not driver:
             m.setattr(ImageFolderSource, "driver_listing", lambda self, source: None)
         cat = Catalog.of(spark, cfg)
-        diff = curate_job._diff_sources(spark, cfg, cat)
-        removals = curate_job._find_removed(spark, cfg, diff)
+        diff = cat.manifest.diff(cfg, CurateState.of(tables.layout(cfg)))
+        removals = diff.removals
         todo = sorted(r.source_key for r in diff.listed.where("NOT unchanged").collect())
         gone = sorted((r.sample_id, r.status) for r in removals.records.collect()) \
             if removals.records is not None else []
-        return (diff.removed is not None,
+        return (diff.in_driver,
                 {k: (v["n"], v["unchanged"]) for k, v in diff.stats.items()},
                 todo, gone, removals.scans)
 
@@ -69,9 +72,14 @@ def test_driver_and_spark_comparisons_of_a_folder_agree(spark, tmp_path, monkeyp
     driver = _diff(spark, cfg, driver=True, monkeypatch=monkeypatch)
     in_spark = _diff(spark, cfg, driver=False, monkeypatch=monkeypatch)
     assert driver[0] and not in_spark[0]  # each took the path it was meant to
+    # A manifest of more rows than driver.ids: the same answer, from Spark's join.
+    past_bound = _diff(spark, cfg.model_copy(update={
+        "driver": cfg.driver.model_copy(update={"ids": 3})}), driver=True,
+        monkeypatch=monkeypatch)
+    assert not past_bound[0] and past_bound[1:] == in_spark[1:]
     # Compared here but too many for the driver: Spark's tasks, counted without asking.
     _assert_tasks_counted(spark, cfg.model_copy(update={
-        "prepare": cfg.prepare.model_copy(update={"driver_rows": 0})}), 5)
+        "driver": cfg.driver.model_copy(update={"prepare_rows": 0})}), 5)
     assert driver[1:] == in_spark[1:]
     listed_now = 8  # p0-p3, p5-p8
     todo = ["p1.jpg", "p2.jpg", "p3.jpg", "p5.jpg", "p8.jpg"]
@@ -147,10 +155,10 @@ def test_a_night_lists_each_folder_once_and_reads_what_it_listed(spark, tmp_path
 def _table_diff(spark, cfg, *, here: bool, monkeypatch):
     with monkeypatch.context() as m:
         if not here:
-            m.setattr(TableSource, "lists_here", lambda self, source: False)
+            m.setattr(TableSource, "lists_in_driver", lambda self, source: False)
         cat = Catalog.of(spark, cfg)
-        diff = curate_job._diff_sources(spark, cfg, cat)
-        removals = curate_job._find_removed(spark, cfg, diff)
+        diff = cat.manifest.diff(cfg, CurateState.of(tables.layout(cfg)))
+        removals = diff.removals
         rows = diff.listed.where("NOT unchanged").collect()
         todo = sorted(((r.source_key, r.read_reason, r.image_ref, r.occurrence)
                        for r in rows), key=lambda t: tuple(str(v) for v in t))
@@ -158,7 +166,7 @@ def _table_diff(spark, cfg, *, here: bool, monkeypatch):
         full = sorted(tuple(str(v) for v in r) for r in rows)
         gone = sorted((r.sample_id, r.status) for r in removals.records.collect()) \
             if removals.records is not None else []
-        return (curate_job.is_local(diff.listed),
+        return (is_local(diff.listed),
                 {k: (v["n"], v["unchanged"], v["failures"])
                  for k, v in diff.stats.items()},
                 todo, gone, removals.scans, full)
@@ -253,9 +261,9 @@ def test_threads_per_fetch_and_prepare_task(configured, cores, tasks, threads):
 def _assert_tasks_counted(spark, cfg, new):
     """The fetch + prepare tasks counted for a listing compared on the driver are the
     partitions Spark gives its frame."""
-    diff = curate_job._diff_sources(spark, cfg, Catalog.of(spark, cfg))
-    assert diff.compared_here and not diff.on_driver
-    assert curate_job._new_records(diff) == new
+    diff = Catalog.of(spark, cfg).manifest.diff(cfg, CurateState.of(tables.layout(cfg)))
+    assert diff.in_driver and not diff.small
+    assert diff.new_records == new
     cores = spark.sparkContext.defaultParallelism
     todo = curate_job._task_layout(diff.listed.where("NOT unchanged"), diff, cores)
     assert curate_job._fetch_prepare_tasks(diff, todo, cores) == todo.rdd.getNumPartitions()
@@ -268,5 +276,5 @@ def test_tasks_of_a_url_list_compared_here_are_counted_without_asking(spark, tmp
     _jsonl(lists / "a.jsonl", [{"key": f"k{i}", "url": f"p{i}.jpg"} for i in range(rows)])
     cfg = make_config(tmp_path / "root", [
         {"name": "web", "kind": "table", "path": str(lists),
-         "columns": {"key": "key", "url": "url"}}], prepare={"driver_rows": 0})
+         "columns": {"key": "key", "url": "url"}}], driver={"prepare_rows": 0})
     _assert_tasks_counted(spark, cfg, rows)

@@ -104,6 +104,7 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path, monkeypa
         # Second run, nothing changed: no record processed, no fetch, no new version --
         # and neither the fetch nor the prepare step is built (no job, no Python worker).
         import etl.jobs.curate as curate_job
+        import etl.lakehouse.source_diff as source_diff
 
         def not_on_a_no_op(*_a, **_k):
             raise AssertionError("a night with nothing new fetched or prepared")
@@ -111,9 +112,10 @@ def test_every_kind_into_one_manifest_then_incremental(spark, tmp_path, monkeypa
         # The first run left what a quiet night needs: the sources are not even listed
         # into Spark, nothing is compared with the manifest.
         with monkeypatch.context() as m:
-            for step in ("fetch_and_prepare", "prepared_outcomes", "list_sources",
-                         "mark_unchanged"):
+            for step in ("fetch_and_prepare", "prepared_outcomes"):
                 m.setattr(curate_job, step, not_on_a_no_op)
+            for step in ("list_sources", "mark_unchanged"):
+                m.setattr(source_diff, step, not_on_a_no_op)
             quiet = _curate(spark, cfg, "r2")
         for c in quiet.values():
             assert (c.seen, c.accepted, c.rejected, c.unchanged) == (0, 0, 0, 2), c

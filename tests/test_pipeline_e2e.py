@@ -122,15 +122,15 @@ def test_pipeline_end_to_end_and_rerun_is_idempotent(spark, tmp_path):
     # `unchanged`, the curated table gets no new version, the export is untouched.
     # Both stages see that from table logs and their derived state, without reading a
     # table through Spark.
-    import etl.jobs.curate as curate_job
     import etl.jobs.export as export_job
+    import etl.lakehouse.source_diff as source_diff
 
     def not_on_a_quiet_night(*_a, **_k):
         raise AssertionError("read through Spark on a night with nothing new")
 
     before = _snapshot(cfg)
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(curate_job, "list_sources", not_on_a_quiet_night)
+        m.setattr(source_diff, "list_sources", not_on_a_quiet_night)
         m.setattr(export_job, "_read_curated", not_on_a_quiet_night)
         _, cur2, exports2 = run_all(cfg)
     assert _snapshot(cfg) == before

@@ -16,7 +16,6 @@ from etl.transforms.export import (
     export_columns,
     export_rows,
     ids_fingerprint,
-    ids_fingerprint_here,
 )
 
 TABLE = ["_rowaddr", "image", "sample_id", "source", "width", "height", "original_width",
@@ -86,7 +85,7 @@ def test_the_drivers_fingerprint_of_ids_is_sparks_bit_for_bit(spark):
         ids = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 40)))
                for _ in range(n)]
         frame = spark.createDataFrame([(s,) for s in ids], "sample_id string")
-        assert ids_fingerprint_here(ids) == ids_fingerprint(frame), ids
+        assert ids_fingerprint(ids) == ids_fingerprint(frame), ids
     hashes = [_xxhash64_signed(s) for s in ("a", "ü-3")]
-    assert ids_fingerprint_here(["a", "ü-3"]) == hashes[0] ^ hashes[1]
-    assert min(ids_fingerprint_here([f"id{i}"]) for i in range(64)) < 0  # a signed long
+    assert ids_fingerprint(["a", "ü-3"]) == hashes[0] ^ hashes[1]
+    assert min(ids_fingerprint([f"id{i}"]) for i in range(64)) < 0  # a signed long

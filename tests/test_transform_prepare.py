@@ -67,13 +67,11 @@ def test_accepted_and_rejected_split_the_rows(spark):
     assert rej == {"id3": "undecodable", "id4": "missing_image", "id5": "empty"}
 
 
-def test_rejected_rows_in_arrow_are_the_rows_spark_builds(spark):
+def test_rejected_rows_held_here_are_the_rows_spark_tasks_build(spark):
     """The rejects curate builds on the driver from prepared rows it holds: the rows,
-    values and types ``rejected_rows`` gives for the same rows in Spark."""
-    from etl.transforms.prepare import rejected_rows_arrow
-
+    values and types the same rule gives in Spark's tasks for the same rows."""
     prepared = _prepared(spark)
-    mine = rejected_rows_arrow(prepared.toArrow(), run_id="r1")
+    mine = rejected_rows(prepared.toArrow(), run_id="r1")
     theirs = rejected_rows(prepared, run_id="r1").toArrow()
     assert mine.schema.names == theirs.schema.names
     assert [f.type for f in mine.schema] == [f.type for f in theirs.schema]
@@ -85,8 +83,26 @@ def test_rejected_rows_in_arrow_are_the_rows_spark_builds(spark):
                   "id5": ("prepare", "empty", "r1")}
 
 
+def _spark_aggregate(prepared):
+    """The outcome counts as one Spark aggregate, written here: what `outcome_counts`
+    must give however it runs (the smallest failed (key, detail) per group, as Spark's
+    min of a struct orders it)."""
+    example = F.min(F.when(
+        F.col("status") != "ok",
+        F.struct(F.col("source_key").alias("key"), F.col("detail").alias("detail"))))
+    return prepared.groupBy(
+        "source", "stage", "status", "reason",
+        F.col("prepared.filter_reason").alias("filter_reason")).agg(
+        F.count(F.lit(1)).alias("count"), example.alias("example"))
+
+
+def _plain(rows):
+    return sorted(((r.source, r.stage, r.status, r.reason, r.filter_reason, r["count"],
+                    None if r.example is None else tuple(r.example)) for r in rows), key=repr)
+
+
 def test_outcome_counts_balance(spark):
-    rows = outcome_counts(_prepared(spark)).collect()
+    rows = outcome_counts(_prepared(spark)).rows
     counts = {(r.source, r.status, r.reason, r.filter_reason): r["count"] for r in rows}
     assert counts == {
         ("s1", "ok", None, None): 1,
@@ -123,9 +139,10 @@ def test_failure_examples_put_internal_errors_first_then_the_commonest():
     assert failure_examples(outcome[:1], 3) == ()
 
 
-def test_outcome_counts_of_local_rows_here_equal_spark_aggregate(spark):
+def test_outcome_counts_of_held_rows_and_in_spark_tasks_equal_spark_aggregate(spark):
+    """One rule, run on rows this process holds and in Spark's tasks (``mapInArrow``,
+    the batches' partial counts merged), gives Spark's own aggregate of the same rows."""
     from etl.runtime.local import is_local, local_arrow
-    from etl.transforms.prepare import outcome_counts_arrow
 
     rows = [  # source, stage, status, reason, filter_reason, key, detail
         ("s1", "prepare", "ok", None, None, "k1", None),
@@ -146,50 +163,47 @@ def test_outcome_counts_of_local_rows_here_equal_spark_aggregate(spark):
     local = spark.createDataFrame(table)
     assert is_local(local)
 
-    def plain(out):
-        return sorted(((r.source, r.stage, r.status, r.reason, r.filter_reason, r["count"],
-                        None if r.example is None else tuple(r.example)) for r in out),
-                      key=repr)
-
-    here = outcome_counts_arrow(local_arrow(local))
-    assert plain(here) == plain(outcome_counts(local).collect())
-    assert [r.__fields__ for r in here[:1]] == [outcome_counts(local).columns]
+    here = outcome_counts(local_arrow(local)).rows
+    in_tasks = outcome_counts(local.repartition(3)).rows  # several batches to merge
+    assert _plain(here) == _plain(in_tasks) == _plain(_spark_aggregate(local).collect())
+    assert [r.__fields__ for r in here[:1]] == [r.__fields__ for r in in_tasks[:1]] == [
+        _spark_aggregate(local).columns]
     examples = {r.reason: tuple(r.example) for r in here if r.example is not None}
     assert examples == {"undecodable": ("k3", None), "missing_image": ("kz", "y"),
                         "internal_error": ("k9", "boom")}
 
 
 def test_outcome_counts_and_the_tasks_fragments_in_one_job(spark):
-    """Curate's one aggregate after a fetch + prepare job whose tasks wrote to Lance: the
-    same outcome rows as `outcome_counts`, every task's list of fragments (it rides on
-    one row of the task), and a stage failure if a row's ``_written`` flag and its
-    status disagree."""
-    from etl.jobs.curate import _outcome_and_fragments
+    """The outcome counts after a fetch + prepare job whose tasks wrote to Lance, in
+    Spark's tasks: the same outcome rows as Spark's aggregate, every task's list of
+    fragments (it rides on one row of the task), and the rows whose ``_written`` flag
+    and status disagree."""
     from etl.transforms.prepare_task import FLAG, WRITTEN
 
     prepared = _prepared(spark)
     ok = F.col("status") == "ok"
     lists = F.when(F.col("sample_id") == "id1", F.array(F.lit("f1"), F.lit("f2"))) \
         .when(F.col("sample_id") == "id4", F.array(F.lit("f3")))
-    staged = prepared.withColumns({FLAG: ok, WRITTEN: lists})
-    rows, fragments = _outcome_and_fragments(staged)
-    assert sorted(map(tuple, rows), key=str) == sorted(
-        map(tuple, outcome_counts(prepared).collect()), key=str)
-    assert rows[0].__fields__ == outcome_counts(prepared).columns
-    assert sorted(fragments) == [["f1", "f2"], ["f3"]]
+    staged = prepared.withColumns({FLAG: ok, WRITTEN: lists}).repartition(2)
+    got = outcome_counts(staged)
+    assert _plain(got.rows) == _plain(_spark_aggregate(prepared).collect())
+    assert sorted(got.fragments) == [["f1", "f2"], ["f3"]] and got.disagree == 0
     wrong = prepared.withColumns({FLAG: F.col("sample_id").isin("id1", "id3"),
                                   WRITTEN: F.lit(None).cast("array<string>")})
-    with pytest.raises(RuntimeError, match="2 row"):
-        _outcome_and_fragments(wrong)  # id2 accepted, not written; id3 the reverse
+    # id2 accepted, not written; id3 the reverse
+    assert outcome_counts(wrong).disagree == 2 and outcome_counts(wrong).fragments == ()
 
 
-def test_up_to_the_driver_bound_the_tasks_rows_come_back_in_their_own_job(spark):
-    """Curate's fetch + prepare of a night within ``DRIVER_IDS`` new records: the rows
+def test_the_tasks_rows_come_back_up_to_the_driver_bound_and_are_persisted_past_it(spark):
+    """Curate's fetch + prepare of a night within ``driver.ids`` new records: the rows
     come back to the driver in the one job that made them, and the outcome counts, the
-    tasks' fragments and the ``_written`` check are computed here, as the Spark
-    aggregate above computes them; the rows the later steps read are local data."""
-    from etl.jobs.curate import _collected
+    tasks' fragments and the ``_written`` check are computed here, as Spark's aggregate
+    computes them; the rows the later steps read are local data. Past the bound the rows
+    are persisted and the same counts come from Spark's tasks. A row whose ``_written``
+    flag and status disagree fails the stage."""
+    from etl.jobs.curate import _checked
     from etl.runtime.local import is_local
+    from etl.transforms.prepare import counted
     from etl.transforms.prepare_task import FLAG, WRITTEN
 
     prepared = _prepared(spark)
@@ -197,23 +211,29 @@ def test_up_to_the_driver_bound_the_tasks_rows_come_back_in_their_own_job(spark)
     lists = F.when(F.col("sample_id") == "id1", F.array(F.lit("f1"), F.lit("f2"))) \
         .when(F.col("sample_id") == "id4", F.array(F.lit("f3")))
     staged = prepared.withColumns({FLAG: ok, WRITTEN: lists})
-    got = _collected(spark, staged, written=object(), budget=5, on_driver=False)
-    assert sorted(map(tuple, got.outcome_rows), key=str) == sorted(
-        map(tuple, outcome_counts(prepared).collect()), key=str)
-    assert sorted(got.fragments) == [["f1", "f2"], ["f3"]]
-    assert is_local(got.rows) and got.cached is None
+    expected = _plain(_spark_aggregate(prepared).collect())
+    got = counted(staged, new_records=5, bound=5)
+    assert _plain(got.outcomes.rows) == expected
+    assert sorted(got.outcomes.fragments) == [["f1", "f2"], ["f3"]]
+    assert is_local(got.rows) and got.cached is None and got.held is not None
     assert got.rows.schema == prepared.schema
     assert sorted(map(tuple, got.rows.collect()), key=str) == sorted(
         map(tuple, prepared.collect()), key=str)
+    past = counted(staged, new_records=5, bound=4)
+    assert _plain(past.outcomes.rows) == expected and past.held is None
+    assert sorted(past.outcomes.fragments) == [["f1", "f2"], ["f3"]]
+    assert past.cached is not None and past.rows.schema == prepared.schema
+    assert sorted(map(tuple, past.rows.collect()), key=str) == sorted(
+        map(tuple, prepared.collect()), key=str)
+    past.cached.unpersist()
     wrong = prepared.withColumns({FLAG: F.col("sample_id").isin("id1", "id3"),
                                   WRITTEN: F.lit(None).cast("array<string>")})
     with pytest.raises(RuntimeError, match="2 row"):
-        _collected(spark, wrong, written=object(), budget=5, on_driver=False)
+        _checked(counted(wrong, new_records=5, bound=5).outcomes)
     # Without a sink (the driver's few, behind a takedown join): the same counts.
-    plain = _collected(spark, prepared, written=None, budget=5, on_driver=True)
-    assert sorted(map(tuple, plain.outcome_rows), key=str) == sorted(
-        map(tuple, outcome_counts(prepared).collect()), key=str)
-    assert plain.fragments == () and plain.on_driver
+    plain = counted(prepared, new_records=5, bound=5)
+    assert _plain(plain.outcomes.rows) == expected
+    assert plain.outcomes.fragments == ()
 
 
 def test_one_projection_equals_with_columns_then_drop(spark):

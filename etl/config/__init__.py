@@ -8,6 +8,7 @@ the registries (source kinds, stage names) or the inputs live in
 """
 
 from etl.config.base import FieldError
+from etl.config.bounds import DriverBounds
 from etl.config.budgets import BudgetsConfig
 from etl.config.curation import (
     DEDUP_POLICY_KEYS,
@@ -41,6 +42,7 @@ __all__ = [
     "SourceConfig",
     "RunConfig",
     "BudgetsConfig",
+    "DriverBounds",
     "PrepareConfig",
     "FetchConfig",
     "ExportConfig",

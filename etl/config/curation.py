@@ -49,12 +49,6 @@ class DedupConfig(Section):
     ] = DEDUP_POLICY_KEYS
     # Bound on connected-components rounds (each round at least halves long chains).
     max_iterations: Annotated[int, Field(ge=1)] = 40
-    # A nightly increment that appends or deletes at most this many curated rows, and
-    # whose plan touches at most 4x as many, is planned in the driver from the rows it
-    # touches (a few Spark jobs); above it, or after a compaction, Spark plans over the
-    # table. A first run over a curated table of at most this many rows is planned in
-    # the driver too. 0: always Spark.
-    driver_max_rows: Annotated[int, Field(ge=0)] = 50_000
 
     @model_validator(mode="after")
     def _bands(self) -> DedupConfig:

@@ -39,11 +39,6 @@ class PrepareConfig(Section):
     # time, as a second thread then only costs CPU); a night on the driver, the driver's
     # cores. Anywhere else null is 1.
     threads: Annotated[int, Field(ge=1, le=64)] | None = None
-    # A night with at most this many new or changed records, all of sources the driver
-    # lists (image folders), fetches and prepares them in the driver's process and
-    # writes them to Lance from there: no Spark task runs Python for them (their JPEGs
-    # are held in the driver's memory meanwhile). 0: never.
-    driver_rows: Annotated[int, Field(ge=0, le=4096)] = 256
 
     def task_threads(self, cores: int, tasks: int) -> int:
         """Threads per task for `tasks` tasks on `cores` task slots: ``threads``, or for

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from etl.config.base import FieldError, Section, keyed
+from etl.config.bounds import DriverBounds, moved_bounds
 from etl.config.curation import DedupConfig, ExportConfig, LakehouseConfig
 from etl.config.images import USER_AGENT_PLACEHOLDER, FetchConfig, PrepareConfig
 from etl.config.inference import CaptionConfig, LatentsConfig
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 _SECTIONS_WITH_DEFAULTS = (
     "spark", "prepare", "exports", "caption", "latents", "lakehouse", "dedup", "run", "fetch",
+    "driver",
 )
 
 
@@ -43,6 +45,12 @@ class Config(Section):
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     fetch: FetchConfig = Field(default_factory=FetchConfig)
+    driver: DriverBounds = Field(default_factory=DriverBounds)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_bounds(cls, raw):
+        return moved_bounds(raw)
 
     @field_validator(*_SECTIONS_WITH_DEFAULTS, mode="before")
     @classmethod

@@ -22,8 +22,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from etl import storage, tables
 from etl.config import Config
+from etl.config.bounds import DRIVER_IDS
 from etl.errors import ConfigError
-from etl.lakehouse.catalog import DRIVER_IDS, Catalog
+from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 from etl.lakehouse.derived import DerivedState
 from etl.ledger import code_version
@@ -32,7 +33,6 @@ from etl.transforms.export import (
     export_columns,
     export_rows,
     ids_fingerprint,
-    ids_fingerprint_here,
     latent_export_columns,
 )
 from etl.writers.lance import ROW_ADDRESS, lance_reader, read_local_table
@@ -182,7 +182,7 @@ def _dedup_lineage(spark: SparkSession, cfg: Config, exp, version: int, curated:
     if known is None and curated.held is not None and listed is not None:
         # Rows and duplicates both on the driver: counted here (no Spark job).
         expected = _held_without(curated.held, listed).num_rows
-        known = (expected, matching - expected, ids_fingerprint_here(listed))
+        known = (expected, matching - expected, ids_fingerprint(listed))
     elif known is None:
         expected = curated.frame.select("sample_id").join(duplicates, "sample_id",
                                                           "left_anti").count()

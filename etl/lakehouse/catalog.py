@@ -6,10 +6,12 @@ writes and its named queries -- and, inside it, the choice between the driver pa
 
     catalog = Catalog.of(spark, cfg)
     catalog.manifest.snapshot()      # the manifest as this run read it, or None
+    catalog.manifest.diff(cfg, state)  # what the sources list against it
     catalog.curated.replace(ids, n)  # delete the rows of records being rewritten
     catalog.takedowns.pending()      # requests recorded but not applied
 
-Driver or Spark. A batch of up to :data:`DRIVER_IDS` record ids is handled on the driver
+Driver or Spark. A batch of up to ``driver.ids`` record ids (:mod:`etl.config.bounds`)
+is handled on the driver
 (a Lance merge-delete against the table itself; a manifest append by delta-rs when none
 of them is in the manifest yet); a larger one by a Spark join first. The dedup table's
 own planners and their thresholds are :class:`etl.lakehouse.dedup_table.DedupTable`;
@@ -32,8 +34,11 @@ from pyspark.sql import functions as F
 
 from etl import storage, tables
 from etl.config import Config
+from etl.config.bounds import DRIVER_IDS
 from etl.lakehouse.counts import MANIFEST_COLUMNS, delta_counts
+from etl.lakehouse.curate_state import CurateState
 from etl.lakehouse.indexes import ensure_scalar_indexes
+from etl.lakehouse.source_diff import Diff, compare
 from etl.runtime.local import local_arrow
 from etl.schema import REMOVED
 from etl.transforms.bronze import known_fingerprint, takedown_identifiers, taken_down_ids
@@ -55,18 +60,14 @@ from etl.writers.lance import (
     pending_append,
 )
 
-__all__ = ["DRIVER_IDS", "Manifest", "Rejects", "Accounting", "Takedowns", "Curated",
-           "Catalog"]
-
-# Up to this many record ids a run writes or removes are handled on the driver (see the
-# module docstring), more by a Spark job first.
-DRIVER_IDS = 100_000
+__all__ = ["Manifest", "Rejects", "Accounting", "Takedowns", "Curated", "Catalog"]
 
 
 @dataclass(frozen=True)
 class _DeltaTable:
     spark: SparkSession
     path: str
+    ids: int = DRIVER_IDS  # record ids handled on the driver (``driver.ids``)
 
     def read(self) -> DataFrame | None:
         """The table as a DataFrame, None if there is none yet."""
@@ -126,10 +127,18 @@ class Manifest(_DeltaTable):
     def known(self):
         """What a listing is compared with -- ``sample_id, source, status, reason,
         fingerprint`` of every row -- as an Arrow table read by delta-rs in this process,
-        when the log says there are at most :data:`DRIVER_IDS` rows; None otherwise (or
+        when the log says there are at most :attr:`ids` rows; None otherwise (or
         for a table delta-rs does not read): the comparison is then a Spark join."""
         return read_columns(self.path, ["sample_id", "source", "status", "reason",
-                                        "fingerprint"], bound=DRIVER_IDS)
+                                        "fingerprint"], bound=self.ids)
+
+    def diff(self, cfg: Config, state: CurateState) -> Diff:
+        """What the configured sources list against this manifest: new and changed
+        records, the unchanged counted, what left the sources -- compared on the driver
+        where every source lists there and the manifest's keys are within the bound,
+        else by Spark (:mod:`etl.lakehouse.source_diff`). `state`: curate's derived
+        state (where a source table's history of deletions starts)."""
+        return compare(self.spark, cfg, self, state, prepare_rows=cfg.driver.prepare_rows)
 
     def container_groups(self, manifest: DataFrame, source: str) -> list:
         """A source's records still listed, as ``(source_uri, fingerprint, count)``: what
@@ -145,7 +154,7 @@ class Manifest(_DeltaTable):
         holds (asked of `before`, the snapshot, else of the table by delta-rs) is
         appended on the driver instead of MERGEd."""
         merge_manifest(self.spark, rows, self.path, before=before,
-                       driver_bound=DRIVER_IDS if count <= DRIVER_IDS else 0)
+                       driver_bound=self.ids if count <= self.ids else 0)
 
     def mark_removed(self, removed: DataFrame, *, run_id: str, now: datetime) -> None:
         mark_removed(self.spark, removed, self.path, run_id=run_id, removed_at=now)
@@ -160,7 +169,7 @@ class Rejects(_DeltaTable):
         run. A small batch of records the table holds none of is appended on the driver."""
         if count or not self.exists():
             merge_rejects(self.spark, rows, self.path,
-                          driver_bound=DRIVER_IDS if count <= DRIVER_IDS else 0)
+                          driver_bound=self.ids if count <= self.ids else 0)
 
     def delete(self, ids: DataFrame) -> None:
         delete_rejects(self.spark, ids, self.path)
@@ -181,7 +190,7 @@ class Takedowns(_DeltaTable):
         """Requests recorded but not applied (a `forget` that died midway), or None."""
         if not self.exists():
             return None
-        applied = read_columns(self.path, ["applied_at"], bound=DRIVER_IDS)
+        applied = read_columns(self.path, ["applied_at"], bound=self.ids)
         if applied is not None and not applied.column("applied_at").null_count:
             return None  # every request applied, told by delta-rs: no Spark job
         pending = self.read().where(F.col("applied_at").isNull())
@@ -229,12 +238,12 @@ class Curated:
 
     def replace(self, spark: SparkSession, ids: DataFrame, count: int) -> int:
         """Delete the rows of the `count` records in `ids` (``sample_id``) that the table
-        holds; the number deleted. Up to :data:`DRIVER_IDS`: one Lance merge-delete from
+        holds; the number deleted. Up to ``driver.ids``: one Lance merge-delete from
         the driver (Lance joins them against the table itself); more: a Spark join
         finds those present first."""
         if not self.exists():
             return 0
-        if count <= DRIVER_IDS:
+        if count <= self.cfg.driver.ids:
             return delete_rows(self.path, [r.sample_id for r in ids.collect()])
         return delete_rows(self.path, self.present(spark, ids))
 
@@ -277,8 +286,8 @@ class Catalog:
 
     @classmethod
     def of(cls, spark: SparkSession, cfg: Config) -> Catalog:
-        paths = tables.layout(cfg)
-        return cls(Manifest(spark, paths.manifest, paths.counts_cache("manifest")),
-                   Rejects(spark, paths.rejects), Accounting(spark, paths.accounting),
-                   Takedowns(spark, paths.takedowns),
+        paths, ids = tables.layout(cfg), cfg.driver.ids
+        return cls(Manifest(spark, paths.manifest, ids, paths.counts_cache("manifest")),
+                   Rejects(spark, paths.rejects, ids), Accounting(spark, paths.accounting, ids),
+                   Takedowns(spark, paths.takedowns, ids),
                    Curated(cfg, paths.curated))

@@ -16,8 +16,8 @@ properties say what it covers:
   counted again.
 
 How a change is planned -- from metadata alone, in the driver, or by Spark over the
-table -- is chosen here, with its thresholds (:data:`DRIVER_SCAN_ROWS`,
-``dedup.driver_max_rows``); the rules all three follow are
+table -- is chosen here, with its bounds (``driver.scan_rows``, ``driver.plan_rows``,
+``driver.ids``: :mod:`etl.config.bounds`); the rules all three follow are
 :mod:`etl.transforms.dedup_rules`.
 """
 
@@ -35,7 +35,6 @@ from pyspark.sql import functions as F
 from etl import storage, tables
 from etl.config import Config, DedupConfig
 from etl.lakehouse import dedup_increment
-from etl.lakehouse.catalog import DRIVER_IDS
 from etl.schema import DEDUP_SCHEMA, arrow_schema
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
 from etl.transforms.dedup_local import plan_local, size_histogram, update_stats
@@ -54,7 +53,6 @@ __all__ = [
     "DEDUP_PARAMS",
     "DEDUP_CURATED_VERSION",
     "DEDUP_STATS",
-    "DRIVER_SCAN_ROWS",
     "SourceDedup",
     "DedupResult",
     "DedupCoverage",
@@ -75,13 +73,6 @@ DEDUP_CURATED_VERSION = "lakeshard.dedup.curatedVersion"
 # commit; the properties are the commit after it): another writer since makes them
 # unusable.
 DEDUP_STATS = "lakeshard.dedup.stats"
-
-# Up to this many curated rows, the ordering columns of the stored rows a driver plan
-# needs are read by pylance in the driver (its sample_id column: ~70 MB); above, by a
-# Spark job over the table. (The other bound, how many rows an increment may touch to
-# be planned in the driver at all, is the setting ``dedup.driver_max_rows``.)
-DRIVER_SCAN_ROWS = 2_000_000
-
 
 @dataclass(frozen=True)
 class SourceDedup:
@@ -167,9 +158,10 @@ class DedupTable:
 
     def read_local(self):
         """Every assignment as an Arrow table read by delta-rs in this process (no Spark
-        job), while the table's log says it holds at most ``DRIVER_SCAN_ROWS`` rows; None
+        job), while the table's log says it holds at most ``driver.scan_rows`` rows; None
         otherwise."""
-        return read_columns(self.path, list(ASSIGNMENT_COLUMNS), bound=DRIVER_SCAN_ROWS)
+        return read_columns(self.path, list(ASSIGNMENT_COLUMNS),
+                            bound=self.cfg.driver.scan_rows)
 
     def version(self) -> int | None:
         """The table's latest Delta version; None when dedup never ran."""
@@ -260,7 +252,7 @@ class DedupTable:
 
     def non_canonical(self, curated_version: int) -> tuple[DataFrame, list[str] | None] | None:
         """:meth:`non_canonical_ids`, and the same ids as a list when the driver read
-        them (at most ``DRIVER_IDS``, from a table within ``DRIVER_SCAN_ROWS``; else
+        them (at most ``driver.ids``, from a table within ``driver.scan_rows``; else
         None)."""
         coverage = self.coverage(curated_version)
         if coverage is None:
@@ -275,12 +267,12 @@ class DedupTable:
                 coverage.removed,
             )
         local = read_columns(self.path, ["sample_id", "is_canonical"],
-                             bound=DRIVER_SCAN_ROWS)
+                             bound=self.cfg.driver.scan_rows)
         if local is not None:
             import pyarrow.compute as pc
 
             ids = local.filter(pc.invert(local["is_canonical"]))["sample_id"].to_pylist()
-            if len(ids) <= DRIVER_IDS:  # a few ids: no Delta read in Spark
+            if len(ids) <= self.cfg.driver.ids:  # a few ids: no Delta read in Spark
                 return self.spark.createDataFrame([(i,) for i in ids],
                                                   "sample_id string"), ids
         return self.read().where("NOT is_canonical").select("sample_id"), None
@@ -346,7 +338,7 @@ class DedupTable:
                new_settings: Literal["full", "defer"] = "full") -> DedupResult:
         """Bring the table up to date with the curated table's current version, by the
         cheapest path that gives the same table: from the properties alone (nothing
-        changed), planned in the driver (an increment within ``dedup.driver_max_rows``,
+        changed), planned in the driver (an increment within ``driver.plan_rows``,
         or a first run over a table of at most that many rows), or planned by Spark over
         the table (a full run, or a large first or incremental one).
 
@@ -394,9 +386,9 @@ class DedupTable:
                           run_id: str) -> DedupResult | None:
         """An increment planned in the driver from the rows it touches
         (:mod:`etl.lakehouse.dedup_increment`), or None to plan over the table in Spark:
-        more rows touched than ``dedup.driver_max_rows``, or stats that no longer
+        more rows touched than ``driver.plan_rows``, or stats that no longer
         describe the table."""
-        limit = self.cfg.dedup.driver_max_rows
+        limit = self.cfg.driver.plan_rows
         stats = self.stats(state) if limit else None
         if stats is None:
             return None
@@ -408,7 +400,7 @@ class DedupTable:
                 self.spark, self.curated_path, self.read() if local is None else local,
                 self.cfg.dedup,
                 covered=int(state.get(DEDUP_CURATED_VERSION, -1)), version=version,
-                limit=limit, scan_rows=DRIVER_SCAN_ROWS)
+                limit=limit, scan_rows=self.cfg.driver.scan_rows)
         finally:
             sc.setJobDescription(None)
         if rows is None:
@@ -429,12 +421,12 @@ class DedupTable:
         )
 
     def _driver_first(self, version: int, run_id: str) -> DedupResult | None:
-        """A first run over a curated table of at most ``dedup.driver_max_rows`` rows,
+        """A first run over a curated table of at most ``driver.plan_rows`` rows,
         planned in the driver: the rows' narrow columns read by pylance, clustered by
         :func:`plan_local` with no previous assignment (what Spark's first plan gives:
         ``tests/test_dedup_local.py``), written by delta-rs. None for a larger table (or
-        ``driver_max_rows`` 0): Spark plans it."""
-        limit = self.cfg.dedup.driver_max_rows
+        ``plan_rows`` 0): Spark plans it."""
+        limit = self.cfg.driver.plan_rows
         if not limit:
             return None
         now = tables.open_curated(self.cfg, version)

@@ -10,7 +10,8 @@ when all three match; a missing, unreadable, foreign (another kind or format) or
 tables. Derived state is never the truth: deleting ``<root>/_lakeshard/`` costs a run
 some reads, never a wrong figure.
 
-Its users: the source versions a curate fully handled (:mod:`etl.jobs.curate`), what an
+Its users: curate's source versions and quiet-night key
+(:mod:`etl.lakehouse.curate_state`), what an
 export counted from the dedup table and the manifest (:mod:`etl.jobs.export`), the
 corpus-wide counts kept per Lance fragment and Delta file (:mod:`etl.lakehouse.counts`).
 """

@@ -9,13 +9,13 @@ exist).
 
 from __future__ import annotations
 
-from etl.sources.base import SourceAdapter, finish_ingest, finish_ingest_here
+from etl.sources.base import SourceAdapter, finish_ingest, finish_ingest_arrow
 from etl.sources.file_table import TableSource
 from etl.sources.image_folder import ImageFolderSource
 from etl.sources.lake_table import DeltaSource, LanceSource
 from etl.sources.webdataset import WebDatasetSource
 
-__all__ = ["SOURCE_KINDS", "SourceAdapter", "finish_ingest", "finish_ingest_here", "adapter_for"]
+__all__ = ["SOURCE_KINDS", "SourceAdapter", "finish_ingest", "finish_ingest_arrow", "adapter_for"]
 
 SOURCE_KINDS: dict[str, SourceAdapter] = {
     a.kind: a

@@ -17,7 +17,7 @@ from etl.config import ConfigError, SourceConfig
 from etl.schema import SOURCE_SCHEMA, sample_id_col, sample_id_of
 
 __all__ = [
-    "SourceAdapter", "finish_ingest", "finish_ingest_here", "is_local_path", "local_path",
+    "SourceAdapter", "finish_ingest", "finish_ingest_arrow", "is_local_path", "local_path",
     "require_exists", "file_uri", "FLAG_KEYS",
 ]
 
@@ -72,17 +72,17 @@ class SourceAdapter(ABC):
         fingerprints: curate then skips comparing the listing with the manifest."""
         return None
 
-    def lists_here(self, source: SourceConfig) -> bool:
+    def lists_in_driver(self, source: SourceConfig) -> bool:
         """Whether :meth:`read` lists this source on the driver, handing Spark an Arrow
         table of local data (a small local URL list): curate then takes the same rows
-        from :meth:`read_here` and numbers their repeated keys, compares them with the
+        from :meth:`read_arrow` and numbers their repeated keys, compares them with the
         manifest and counts them on the driver, without a Spark job. False for kinds
         read in Spark tasks."""
         return False
 
-    def read_here(self, source: SourceConfig) -> pa.Table:
+    def read_arrow(self, source: SourceConfig) -> pa.Table:
         """The rows :meth:`read` gives, read in this process as an Arrow table of
-        :data:`etl.sources.records.RAW_SCHEMA` (kinds whose :meth:`lists_here`)."""
+        :data:`etl.sources.records.RAW_SCHEMA` (kinds whose :meth:`lists_in_driver`)."""
         raise NotImplementedError(f"kind {self.kind!r} is not read on the driver")
 
     def driver_listing(self, source: SourceConfig) -> dict[str, str | None] | None:
@@ -140,8 +140,8 @@ def finish_ingest(df: DataFrame, source: SourceConfig) -> DataFrame:
     return out.select(*SOURCE_SCHEMA.fieldNames())
 
 
-def finish_ingest_here(raw: pa.Table, source: SourceConfig) -> pa.Table:
-    """:func:`finish_ingest` for rows read on the driver (:meth:`SourceAdapter.read_here`),
+def finish_ingest_arrow(raw: pa.Table, source: SourceConfig) -> pa.Table:
+    """:func:`finish_ingest` for rows read on the driver (:meth:`SourceAdapter.read_arrow`),
     in Arrow: the same columns and values, computed in this process."""
     schema = to_arrow_schema(SOURCE_SCHEMA)
     keys = raw.column("source_key").to_pylist()

@@ -42,6 +42,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from etl.config import ConfigError, SourceConfig
+from etl.config.bounds import DRIVER_READ_BYTES
 from etl.sources.base import FLAG_KEYS, SourceAdapter, is_local_path, require_exists
 from etl.sources.listing import expand_pattern, is_pattern, listing_digest
 from etl.sources.records import (
@@ -152,21 +153,21 @@ class TableSource(SourceAdapter):
         if names is not None:
             check_mapped_columns(source, names, "table", os.path.basename(path))
 
-    def lists_here(self, source: SourceConfig) -> bool:
-        return _read_here(self._files(source))
+    def lists_in_driver(self, source: SourceConfig) -> bool:
+        return _read_in_driver(self._files(source))
 
-    def read_here(self, source: SourceConfig) -> pa.Table:
-        return _table_here(self._files(source), source)
+    def read_arrow(self, source: SourceConfig) -> pa.Table:
+        return _read_in_process(self._files(source), source)
 
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
         version: int | None = None,
     ) -> DataFrame:
         files = self._files(source)
-        if _read_here(files):
+        if _read_in_driver(files):
             # A small local table (a URL list): read here by the same function, handed
             # to Spark as local data -- no Spark job and no Python worker to list it.
-            return spark.createDataFrame(_table_here(files, source), RAW_SCHEMA)
+            return spark.createDataFrame(_read_in_process(files, source), RAW_SCHEMA)
         units = [f[:4] for f in files]  # what `_read_unit` reads of each file
         return spark.createDataFrame(
             units, ", ".join(f"{n} string" for n in _UNIT_FIELDS)
@@ -198,7 +199,7 @@ def _read_units(batches: Iterator[pa.RecordBatch], mapping: dict[str, str],
             yield from _read_unit(*(unit[n] for n in _UNIT_FIELDS), mapping, limits)
 
 
-def _table_here(files: list[tuple], source: SourceConfig) -> pa.Table:
+def _read_in_process(files: list[tuple], source: SourceConfig) -> pa.Table:
     """Every row of `files`, read in this process (RAW_SCHEMA, as Arrow)."""
     mapping, limits = dict(source.columns), RowLimits.of(source)
     return pa.Table.from_batches(
@@ -210,14 +211,9 @@ def _table_here(files: list[tuple], source: SourceConfig) -> pa.Table:
 _UNIT_FIELDS = ("uri", "format", "problem", "problem_detail")
 
 
-# The most bytes of local table files a source's listing reads on the driver (a URL list
-# of ~100,000 rows); larger tables, and tables on object storage, are read by Spark tasks.
-DRIVER_READ_BYTES = 16 << 20
-
-
-def _read_here(files: list[tuple]) -> bool:
+def _read_in_driver(files: list[tuple]) -> bool:
     """Whether a table's files are read on the driver: all local, together within
-    :data:`DRIVER_READ_BYTES`."""
+    :data:`~etl.config.bounds.DRIVER_READ_BYTES`."""
     return bool(files) and all(f[0].startswith("file:") for f in files) and sum(
         f[4] for f in files) <= DRIVER_READ_BYTES
 

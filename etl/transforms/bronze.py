@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,7 +24,7 @@ from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
-from etl.runtime.local import projected
+from etl.runtime.local import per_batch, projected
 from etl.schema import MANIFEST_SCHEMA, REMOVED
 from udfs.fetch import TRANSIENT_STATUSES
 from udfs.outcomes import INTERNAL_ERROR
@@ -38,7 +39,6 @@ __all__ = [
     "mark_unchanged",
     "mark_duplicate_keys",
     "manifest_rows",
-    "manifest_rows_arrow",
     "live",
     "removed_records",
     "takedown_identifiers",
@@ -145,44 +145,33 @@ def mark_duplicate_keys(df: DataFrame) -> DataFrame:
     })
 
 
-def manifest_rows(prepared: DataFrame, *, run_id: str, ingested_at: datetime) -> DataFrame:
+def manifest_rows(prepared: DataFrame | pa.Table, *, run_id: str, ingested_at: datetime
+                  ) -> DataFrame | pa.Table:
     """The manifest's row for each record processed now (the first copy of a key):
-    accepted, or rejected with the stage and reason."""
-    ok = F.col("status") == "ok"
-    columns = {
-        "status": F.when(ok, F.lit("accepted")).otherwise(F.lit("rejected")),
-        "stage": F.when(~ok, F.col("stage")),
-        "reason": F.when(~ok, F.coalesce("reason", F.lit("unknown"))),
-        "run_id": F.lit(run_id),
-        "ingested_at": F.lit(ingested_at),
-        "removed_at": F.lit(None).cast("timestamp"),
-    }
-    if "original_sha256" not in prepared.columns:
-        columns["original_sha256"] = F.lit(None).cast("string")
-    return (
-        prepared.where(F.col("occurrence") == 1)
-        .withColumns(columns)
-        .select(*MANIFEST_SCHEMA.fieldNames())
-    )
+    accepted, or rejected with the stage and reason. One rule (:func:`_manifest_batch`),
+    run on prepared rows this process holds (an Arrow table, as ``toArrow`` gives them)
+    or in Spark's tasks (:func:`~etl.runtime.local.per_batch`)."""
+    # As Spark stores F.lit(ingested_at): a naive datetime is this process's local time.
+    rule = partial(_manifest_batch, run_id=run_id,
+                   at=T.TimestampType().toInternal(ingested_at))
+    return per_batch(prepared, rule, MANIFEST_SCHEMA,
+                     [*MANIFEST_SCHEMA.fieldNames(), "occurrence"])
 
 
-def manifest_rows_arrow(prepared: pa.Table, *, run_id: str, ingested_at: datetime
-                        ) -> pa.Table:
-    """:func:`manifest_rows` of prepared rows this process holds (the Arrow table
-    ``toArrow`` gives for them), built here (:func:`~etl.runtime.local.projected`)."""
+def _manifest_batch(prepared: pa.Table, *, run_id: str, at: int) -> pa.Table:
+    """:func:`manifest_rows` of one Arrow batch; `at`: the run's timestamp, in
+    microseconds since the epoch."""
     first = prepared.filter(pc.equal(prepared.column("occurrence"), 1))
     n = first.num_rows
     ok = pc.equal(first.column("status"), "ok")
     rejected = pc.invert(ok)  # null where the status is: no stage, no reason (as Spark)
     none = pa.scalar(None, pa.string())
-    # As Spark stores F.lit(ingested_at): a naive datetime is this process's local time.
-    at = pa.array([T.TimestampType().toInternal(ingested_at)] * n, pa.int64())
     computed = {
         "status": pc.if_else(pc.fill_null(ok, False), "accepted", "rejected"),
         "stage": pc.if_else(rejected, first.column("stage"), none),
         "reason": pc.if_else(rejected, pc.coalesce(first.column("reason"), "unknown"), none),
         "run_id": pa.array([run_id] * n, pa.string()),
-        "ingested_at": at.cast(pa.timestamp("us", tz="UTC")),
+        "ingested_at": pa.array([at] * n, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
         "removed_at": pa.nulls(n, pa.timestamp("us", tz="UTC")),
     }
     if "original_sha256" not in first.column_names:

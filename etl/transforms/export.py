@@ -28,7 +28,6 @@ __all__ = [
     "latent_export_columns",
     "export_rows",
     "ids_fingerprint",
-    "ids_fingerprint_here",
 ]
 
 # Columns every export has (MDS encodings); `image` holds the stored JPEG bytes unchanged.
@@ -118,17 +117,16 @@ def export_rows(curated: DataFrame, mapping: dict[str, str], *, captions: set[st
     return curated.select(*selected)
 
 
-def ids_fingerprint(ids: DataFrame) -> int:
+def ids_fingerprint(ids: DataFrame | Iterable[str]) -> int:
     """A content fingerprint of a set of sample ids (order-free): an unchanged set keeps
-    an export's key, so a rerun stays a no-op."""
-    row = ids.select(F.bit_xor(F.xxhash64("sample_id")).alias("h")).first()
-    return row["h"] or 0
-
-
-def ids_fingerprint_here(ids: Iterable[str]) -> int:
-    """:func:`ids_fingerprint` of ids the driver holds, computed here: Spark's
-    ``xxhash64`` of a string is XXH64 of its UTF-8 bytes with seed 42, as a signed long
-    (bit for bit, or an export's key would change with the path that computed it)."""
+    an export's key, so a rerun stays a no-op. `ids`: a frame's ``sample_id`` column
+    (one Spark aggregate), or ids the driver holds, hashed in this process as Spark
+    does -- ``xxhash64`` of a string is XXH64 of its UTF-8 bytes with seed 42, as a
+    signed long (bit for bit, or an export's key would change with the path that
+    computed it)."""
+    if isinstance(ids, DataFrame):
+        row = ids.select(F.bit_xor(F.xxhash64("sample_id")).alias("h")).first()
+        return row["h"] or 0
     h = 0
     for sid in ids:
         h ^= xxhash.xxh64_intdigest(sid.encode("utf-8"), seed=42)

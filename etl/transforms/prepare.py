@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from etl.config import FetchConfig, PrepareConfig, SourceConfig
-from etl.runtime.local import local_arrow, projected
+from etl.runtime.local import is_local, local_arrow, per_batch, projected
 from etl.schema import CURATED_COLUMNS, REJECTS_SCHEMA
 from etl.transforms.fetch import fetch_outcome, needs_fetch
 from etl.transforms.prepare_task import (
@@ -32,8 +35,8 @@ from udfs.ingest import fetch_prepare_batches
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["fetch_and_prepare", "prepared_outcomes", "prepare_images", "accepted_rows",
-           "curated_columns", "curated_schema", "rejected_rows", "rejected_rows_arrow",
-           "outcome_counts", "outcome_counts_arrow", "failure_examples"]
+           "curated_columns", "curated_schema", "rejected_rows",
+           "Outcomes", "outcome_counts", "Counted", "counted", "failure_examples"]
 
 
 def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[SourceConfig],
@@ -70,7 +73,7 @@ def fetch_and_prepare(df: DataFrame, fetch: FetchConfig, sources: Iterable[Sourc
     if on_driver:
         if sink is not None:
             raise ValueError("fetch_and_prepare: a sink is for Spark's tasks, not the driver")
-        out = _fetch_prepare_here(staged, T.StructType(fields), fetch, rules, opts)
+        out = _fetch_prepare_in_driver(staged, T.StructType(fields), fetch, rules, opts)
     else:
         if sink is not None:
             fields += [T.StructField(FLAG, T.BooleanType(), True),
@@ -103,7 +106,7 @@ def _with_columns(df: DataFrame, names: Sequence[str], columns: Mapping[str, Col
 _DRIVER_BATCH = 64
 
 
-def _fetch_prepare_here(staged: DataFrame, schema: T.StructType, fetch: FetchConfig,
+def _fetch_prepare_in_driver(staged: DataFrame, schema: T.StructType, fetch: FetchConfig,
                         rules: Mapping, opts: PrepareConfig) -> DataFrame:
     """`staged` (with the :data:`ARGS` columns) with ``_fp`` (:data:`FP_TYPE`, null
     where the row is not to be processed) computed in this process, as a frame of local
@@ -192,75 +195,155 @@ def curated_schema(rows: T.StructType, *, extra: Sequence[str] = ()) -> T.Struct
         *[own[c] for c in extra]])
 
 
-def rejected_rows(prepared: DataFrame, *, run_id: str) -> DataFrame:
-    """Rows for the rejects table: which record, at which stage, and why."""
-    return prepared.where(F.col("status") != "ok").select(
-        "sample_id",
-        "source",
-        "source_key",
-        "source_uri",
-        "stage",
-        F.coalesce("reason", F.lit("unknown")).alias("reason"),
-        "detail",
-        F.lit(run_id).alias("run_id"),
-    ).select(*REJECTS_SCHEMA.fieldNames())
+def rejected_rows(prepared: DataFrame | pa.Table, *, run_id: str) -> DataFrame | pa.Table:
+    """Rows for the rejects table: which record, at which stage, and why. One rule
+    (:func:`_rejected_batch`), run on prepared rows this process holds (an Arrow table,
+    as ``toArrow`` gives them) or in Spark's tasks
+    (:func:`~etl.runtime.local.per_batch`)."""
+    return per_batch(prepared, partial(_rejected_batch, run_id=run_id), REJECTS_SCHEMA,
+                     [*REJECTS_SCHEMA.fieldNames(), "status"])
 
 
-def rejected_rows_arrow(prepared: pa.Table, *, run_id: str) -> pa.Table:
-    """:func:`rejected_rows` of prepared rows this process holds (the Arrow table
-    ``toArrow`` gives for them), built here (:func:`~etl.runtime.local.projected`)."""
+def _rejected_batch(prepared: pa.Table, *, run_id: str) -> pa.Table:
+    """:func:`rejected_rows` of one Arrow batch."""
     rows = prepared.filter(pc.not_equal(prepared.column("status"), "ok"))
     return projected(rows, REJECTS_SCHEMA, {
         "reason": pc.coalesce(rows.column("reason"), "unknown"),
         "run_id": pa.array([run_id] * rows.num_rows, pa.string())})
 
 
-def outcome_counts(prepared: DataFrame, *extra: Column) -> DataFrame:
+# The groups of the run's accounting, and one batch's partial counts of them
+# (:func:`_outcome_batch`): per group its rows and its smallest failed example, and where
+# a sink wrote the rows, how many rows' ``_written`` flag disagrees with their status and
+# what the sink returned, in row order (on the batch's first group).
+_OUTCOME_KEYS = ("source", "stage", "status", "reason", "filter_reason")
+_PARTIAL_OUTCOMES = T.StructType([
+    *[T.StructField(k, T.StringType(), True) for k in _OUTCOME_KEYS],
+    T.StructField("count", T.LongType(), True),
+    T.StructField("example", T.StructType([T.StructField("key", T.StringType(), True),
+                                           T.StructField("detail", T.StringType(), True)]),
+                  True),
+    T.StructField("_disagree", T.LongType(), True),
+    T.StructField("_written", T.ArrayType(T.ArrayType(T.StringType(), True), True), True),
+])
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """A run's outcome counts, collected."""
+    rows: list[Row]  # per group: source, stage, status, reason, filter_reason, count,
+    # example (key, detail) of a failed row or None
+    fragments: tuple = ()  # what a sink wrote, one list per task (rows with ``_written``)
+    disagree: int = 0  # rows whose ``_written`` flag and final status disagree
+
+
+def outcome_counts(prepared: DataFrame | pa.Table) -> Outcomes:
     """Counts by (source, stage, status, reason, filter_reason): the run's accounting,
     as data. `filter_reason` is set on accepted rows a light filter flagged. Each group
     of failed rows also carries an `example`: the key and detail of one of its rows (the
-    smallest key, so the same input gives the same example). `extra`: more aggregates
-    per group, after those (computed by the same job)."""
-    filter_reason = F.col("prepared.filter_reason").alias("filter_reason")
-    example = F.min(F.when(
-        F.col("status") != "ok",
-        F.struct(F.col("source_key").alias("key"), F.col("detail").alias("detail")),
-    )).alias("example")
-    return prepared.groupBy("source", "stage", "status", "reason", filter_reason).agg(
-        F.count(F.lit(1)).alias("count"), example, *extra
-    )
+    smallest key, so the same input gives the same example). Rows a sink wrote
+    (``_written``, ``_sink_written``: :mod:`etl.transforms.prepare_task`) also give what
+    it wrote and how many rows' flag disagrees with their status.
+
+    One rule per Arrow batch (:func:`_outcome_batch`), run on prepared rows this process
+    holds (no Spark job: 1-1.5 s when it is the first of a cold driver JVM) or in Spark's
+    tasks (:func:`~etl.runtime.local.per_batch`, one job); the batches' partial counts
+    are merged here. `prepared` has ``source, stage, status, reason, source_key, detail``
+    and either ``filter_reason`` or the ``prepared`` struct it is read from."""
+    if isinstance(prepared, DataFrame) and "filter_reason" not in prepared.columns:
+        prepared = prepared.withColumn("filter_reason", F.col("prepared.filter_reason"))
+    partial = per_batch(prepared, _outcome_batch, _PARTIAL_OUTCOMES,
+                        [*_OUTCOME_KEYS, "source_key", "detail", FLAG, WRITTEN])
+    return _merged(partial if isinstance(partial, pa.Table) else partial.toArrow())
 
 
-def outcome_counts_arrow(table: pa.Table) -> list[Row]:
-    """``outcome_counts(prepared).collect()`` for prepared rows this process holds (a
-    night's rows collected by the job that made them, or a few records prepared on the
-    driver), computed here as Arrow: the same groups, counts and examples, without the
-    Spark job an aggregate runs (1-1.5 s when it is the first of a cold driver JVM).
-    `table` has ``source, stage, status, reason, source_key, detail`` and either
-    ``filter_reason`` or the ``prepared`` struct it is read from."""
+@dataclass(frozen=True)
+class Counted:
+    """Prepared rows with their outcomes, as the later steps read them."""
+    rows: DataFrame  # without a sink's columns; local data where this process holds them
+    outcomes: Outcomes
+    held: pa.Table | None = None  # `rows` as Arrow, where this process holds them
+    cached: DataFrame | None = None  # the persisted frame `rows` reads (to unpersist)
+
+
+def counted(prepared: DataFrame, *, new_records: int, bound: int) -> Counted:
+    """`prepared`'s outcome counts, and its rows where the later steps read them, with
+    one job at most: local data (a few records prepared on the driver) is collected
+    without a job; up to `bound` new records (``driver.ids``) the rows -- without their
+    images, so small -- come back to the driver in the job that makes them; more are
+    persisted and counted in Spark's tasks. A sink's columns (``_written``,
+    ``_sink_written``) are read into the outcomes and dropped."""
+    sink = [c for c in (FLAG, WRITTEN) if c in prepared.columns]
+    local = is_local(prepared)
+    if local or new_records <= bound:
+        table = local_arrow(prepared) if local else prepared.toArrow()
+        outcomes = outcome_counts(table)
+        if sink:
+            table, prepared = table.drop_columns(sink), prepared.drop(*sink)
+        rows = prepared if local else prepared.sparkSession.createDataFrame(
+            table, prepared.schema)
+        return Counted(rows, outcomes, held=table)
+    cached = prepared.persist(StorageLevel.MEMORY_AND_DISK)
+    return Counted(cached.drop(*sink), outcome_counts(cached), cached=cached)
+
+
+def _outcome_batch(table: pa.Table) -> pa.Table:
+    """One batch's partial outcome counts (:data:`_PARTIAL_OUTCOMES`)."""
     if "filter_reason" not in table.column_names:
         table = table.append_column("filter_reason", pc.struct_field(
             table.column("prepared").combine_chunks(), "filter_reason"))
-    keys = ["source", "stage", "status", "reason", "filter_reason"]
-    counts = table.group_by(keys, use_threads=False).aggregate(
-        [("source_key", "count", pc.CountOptions(mode="all"))])
-    # Spark's min of the (key, detail) struct over each group's failed rows, field by
-    # field, null first: in Python over the failed rows alone.
-    status = table.column("status")
-    failed = table.filter(pc.fill_null(pc.not_equal(status, "ok"), False))
+    keys = list(_OUTCOME_KEYS)
+    aggregates = [("source_key", "count", pc.CountOptions(mode="all"))]
+    sink = FLAG in table.column_names
+    if sink:  # as Spark's NOT _written <=> (status = 'ok')
+        ok, flag = pc.equal(table.column("status"), "ok"), table.column(FLAG)
+        agree = pc.if_else(pc.and_(pc.is_null(flag), pc.is_null(ok)), True,
+                           pc.fill_null(pc.equal(flag, ok), False))
+        table = table.append_column("_disagree", pc.cast(pc.invert(agree), pa.int64()))
+        aggregates.append(("_disagree", "sum"))
+    counts = table.group_by(keys, use_threads=False).aggregate(aggregates)
+    examples = _smallest_examples(table, keys)
+    written = [w for w in table.column(WRITTEN).to_pylist() if w is not None] if sink else []
+    out = []
+    for i, r in enumerate(counts.to_pylist()):
+        ex = examples.get(tuple(r[k] for k in keys))
+        out.append({**{k: r[k] for k in keys}, "count": r["source_key_count"],
+                    "example": None if ex is None else {"key": ex[0], "detail": ex[1]},
+                    "_disagree": r.get("_disagree_sum") or 0,
+                    "_written": written if i == 0 else []})
+    return pa.Table.from_pylist(out, schema=to_arrow_schema(_PARTIAL_OUTCOMES))
+
+
+def _smallest_examples(table: pa.Table, keys: list[str]) -> dict[tuple, tuple]:
+    """Per group, Spark's min of the (key, detail) struct over its failed rows, field by
+    field, null first: in Python over the failed rows alone."""
+    failed = table.filter(pc.fill_null(pc.not_equal(table.column("status"), "ok"), False))
     examples: dict[tuple, tuple] = {}
     for r in failed.select([*keys, "source_key", "detail"]).to_pylist():
         group, example = tuple(r[k] for k in keys), (r["source_key"], r["detail"])
         if group not in examples or _struct_order(example) < _struct_order(examples[group]):
             examples[group] = example
-    out = []
-    for r in counts.to_pylist():
-        ex = examples.get(tuple(r[k] for k in keys))
-        out.append(Row(source=r["source"], stage=r["stage"], status=r["status"],
-                       reason=r["reason"], filter_reason=r["filter_reason"],
-                       count=r["source_key_count"],
-                       example=None if ex is None else Row(key=ex[0], detail=ex[1])))
-    return out
+    return examples
+
+
+def _merged(partial: pa.Table) -> Outcomes:
+    """The batches' partial counts as one :class:`Outcomes`."""
+    groups: dict[tuple, list] = {}
+    fragments: list = []
+    disagree = 0
+    for r in partial.to_pylist():
+        group = groups.setdefault(tuple(r[k] for k in _OUTCOME_KEYS), [0, None])
+        group[0] += r["count"]
+        ex = r["example"]
+        if ex is not None and (group[1] is None or _struct_order(
+                (ex["key"], ex["detail"])) < _struct_order(group[1])):
+            group[1] = (ex["key"], ex["detail"])
+        disagree += r["_disagree"] or 0
+        fragments += [list(w) for w in r["_written"] or ()]
+    rows = [Row(**dict(zip(_OUTCOME_KEYS, key, strict=True)), count=count,
+                example=None if ex is None else Row(key=ex[0], detail=ex[1]))
+            for key, (count, ex) in groups.items()]
+    return Outcomes(rows, tuple(fragments), disagree)
 
 
 def _struct_order(values: tuple) -> tuple:

@@ -43,6 +43,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import MapType
 
 from etl.config import BucketSpec
+from etl.config.bounds import DRIVER_WRITE_ROWS
 from etl.runtime.local import local_arrow
 from etl.writers.mds.buckets import bucket_name, bucket_set, spec_settings
 from etl.writers.mds.checksum import (
@@ -95,14 +96,6 @@ __all__ = [
     "NOT_CHECKSUMMED",
     "combine_digests",
 ]
-
-
-# An export of rows the driver holds (`held`) is written by the driver when it writes
-# at most this many rows (a night's increment: a few new rows into one new partition);
-# more are written by Spark tasks, one per partition, in parallel. A row costs the
-# driver its image taken from Lance and its sample encoded (~1 ms for a 0.5 MP JPEG);
-# a Spark write costs its job, a Python worker per slot and streaming's import in each.
-DRIVER_WRITE_ROWS = 1024
 
 
 def read_manifest(out_dir: str) -> dict | None:

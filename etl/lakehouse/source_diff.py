@@ -1,0 +1,418 @@
+"""The comparison of what the sources list with the bronze manifest
+(:meth:`etl.lakehouse.catalog.Manifest.diff`): which records are new or changed, how
+many are unchanged, which left their sources -- one question, three ways to answer it,
+chosen here:
+
+* every source lists its records on the driver without opening one (a folder's names,
+  sizes and mtimes: :meth:`~etl.sources.base.SourceAdapter.driver_listing`) and the
+  manifest's key columns are read by delta-rs within ``driver.ids``: the fingerprints are
+  compared in this process, removals found here, and only new and changed records are
+  read through Spark;
+* every source is read in this process (small local URL lists:
+  :meth:`~etl.sources.base.SourceAdapter.lists_in_driver`), on a first run or against a
+  manifest within the same bound: the rows are numbered, compared, counted and their
+  removals found here, as :func:`~etl.transforms.bronze.mark_unchanged` and
+  :func:`~etl.transforms.bronze.removed_records` do in Spark;
+* otherwise Spark: the listing joined with the manifest's snapshot, removals by a join
+  (or a source table's history of deletions).
+
+A comparison in the driver hands on at most ``driver.prepare_rows`` new records as a
+:attr:`Diff.small` night: fetched, prepared and written from the driver's process. Each
+driver path is tested equal to the Spark path on the same tables
+(``tests/test_driver_diff.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from functools import reduce
+from typing import Protocol
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from etl.config import Config, SourceConfig
+from etl.lakehouse.curate_state import CurateState, version_key
+from etl.runtime.warm import start_python_workers
+from etl.schema import REMOVED, SOURCE_SCHEMA, sample_id_col, sample_id_of
+from etl.sources import adapter_for, finish_ingest, finish_ingest_arrow
+from etl.transforms.bronze import (
+    CONTAINER_FAILURES,
+    is_retry,
+    live,
+    mark_unchanged,
+    removed_records,
+    unchanged_containers,
+)
+
+__all__ = ["Diff", "Removals", "compare", "list_sources"]
+
+log = logging.getLogger(__name__)
+
+_REMOVED_SCHEMA = "sample_id string, source string, status string"
+
+
+class _ManifestReads(Protocol):
+    """What the comparison asks of the manifest (:class:`etl.lakehouse.catalog.Manifest`)."""
+
+    def exists(self) -> bool: ...
+    def known(self) -> pa.Table | None: ...
+    def snapshot(self) -> DataFrame | None: ...
+    def container_groups(self, manifest: DataFrame, source: str) -> list: ...
+
+
+@dataclass
+class Removals:
+    """What the sources no longer list, and how each source was looked at."""
+    records: DataFrame | None  # sample_id, source, status, reason (checkpointed)
+    scans: dict[str, str]  # per source: "listing", "kept", a history's note, "deferred: …"
+    source_versions: dict[str, int] = field(default_factory=dict)  # ledger keys -> the
+    # versions fully handled this run
+
+    def deferred(self, name: str) -> bool:
+        return self.scans.get(name, "").startswith("deferred")
+
+
+@dataclass
+class Diff:
+    """What the sources list, against the manifest."""
+    manifest: DataFrame | None  # as read before this run merges into it (checkpointed;
+    # None when compared on the driver)
+    versions: dict[str, int | None]  # per source with a history: the version read
+    listed: DataFrame  # every listed record, `unchanged` marked (persisted); compared
+    # on the driver: only the new and changed ones
+    stats: dict[str, dict]  # per source: n, unchanged, failures (unreadable containers)
+    removals: Removals
+    has_manifest: bool = False  # a manifest was there
+    skip: dict[str, frozenset[str]] = field(default_factory=dict)  # per source:
+    # unchanged containers, not opened
+    skipped: dict[str, int] = field(default_factory=dict)  # per source: the records
+    # those containers hold
+    small: bool = False  # `listed` is a few records of local data, no Python UDF in its
+    # plan: fetched, prepared and written to Lance from the driver
+    in_driver: bool = False  # compared with the manifest on the driver: `listed` comes
+    # from the driver, in at most one partition per core (per source)
+
+    @property
+    def unchanged(self) -> dict[str, int]:
+        """Per source: records not processed (listed unchanged, or in skipped containers)."""
+        out = dict(self.skipped)
+        for name, st in self.stats.items():
+            if st["unchanged"]:
+                out[name] = out.get(name, 0) + st["unchanged"]
+        return out
+
+    @property
+    def new_records(self) -> int:
+        return sum(st["n"] - st["unchanged"] for st in self.stats.values())
+
+    @property
+    def listed_counts(self) -> dict[str, int]:
+        """Per source: every record listed or skipped whole (what a quiet rerun finds
+        unchanged)."""
+        names = {*self.stats, *self.skipped}
+        return {n: self.stats.get(n, {}).get("n", 0) + self.skipped.get(n, 0) for n in names}
+
+
+def compare(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
+            state: CurateState, *, prepare_rows: int) -> Diff:
+    """The sources' listing against `manifest`, on the driver where it can be (see the
+    module docstring), else in Spark; with the removals found and the source versions
+    this run fully handles (not those whose removals were deferred)."""
+    diff = (_folder_listing(spark, cfg, manifest, prepare_rows)
+            or _listed_in_driver(spark, cfg, manifest, prepare_rows)
+            or _in_spark(spark, cfg, manifest, state))
+    diff.removals.source_versions.update({
+        version_key(s): diff.versions[s.name] for s in cfg.sources
+        if diff.versions.get(s.name) is not None and not diff.removals.deferred(s.name)})
+    return diff
+
+
+def list_sources(spark: SparkSession, cfg: Config,
+                 skip: dict[str, frozenset[str]] | None = None,
+                 versions: dict[str, int | None] | None = None) -> DataFrame:
+    """All configured sources in the common source schema, as one DataFrame (images
+    referenced, not yet fetched). `skip`: per source, containers not to open;
+    `versions`: per source, the table version to read."""
+    skip = skip or {}
+    versions = versions or {}
+    frames = [
+        finish_ingest(adapter_for(s.kind).read(spark, s, skip.get(s.name, frozenset()),
+                                               versions.get(s.name)), s)
+        for s in cfg.sources
+    ]
+    return reduce(DataFrame.unionByName, frames)
+
+
+def _source_versions(spark: SparkSession, cfg: Config) -> dict[str, int | None]:
+    return {s.name: adapter_for(s.kind).snapshot_version(spark, s) for s in cfg.sources
+            if s.on_removed == "delete"}
+
+
+# -- Spark: the listing joined with the manifest -------------------------------------
+
+
+def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
+              state: CurateState) -> Diff:
+    before = manifest.snapshot()  # read before it is merged into
+    versions = _source_versions(spark, cfg)
+    skip, skipped = _skipped_containers(cfg, manifest, before)
+    listed = mark_unchanged(list_sources(spark, cfg, skip, versions), before).persist(
+        StorageLevel.MEMORY_AND_DISK
+    )
+    stats = {
+        r["source"]: r.asDict() for r in listed.groupBy("source").agg(
+            F.count(F.lit(1)).alias("n"),
+            F.sum(F.col("unchanged").cast("int")).alias("unchanged"),
+            F.sum(F.coalesce(F.col("read_reason").isin(*CONTAINER_FAILURES), F.lit(False))
+                  .cast("int")).alias("failures"),  # 0, as the driver's count, when none
+        ).collect()
+    }
+    removals = Removals(None, {})
+    if before is not None:
+        records, scans = _find_removals(spark, cfg, state, before, listed, skip, versions,
+                                        stats, skipped)
+        removals = Removals(records.withColumn("reason", F.lit("source_removed"))
+                            .localCheckpoint(eager=True), scans)
+    return Diff(before, versions, listed, stats, removals, has_manifest=before is not None,
+                skip=skip, skipped=skipped)
+
+
+def _skipped_containers(cfg: Config, manifest: _ManifestReads, before: DataFrame | None
+                        ) -> tuple[dict[str, frozenset[str]], dict[str, int]]:
+    """Per source: unchanged containers (tar shards) and the records they hold."""
+    skip: dict[str, frozenset[str]] = {}
+    counts: dict[str, int] = {}
+    if before is None:
+        return skip, counts
+    for s in cfg.sources:
+        listed = adapter_for(s.kind).containers(s)
+        if not listed:
+            continue
+        known = manifest.container_groups(before, s.name)
+        skip[s.name], counts[s.name] = unchanged_containers(listed, known)
+    return skip, counts
+
+
+def _find_removals(spark: SparkSession, cfg: Config, state: CurateState, manifest: DataFrame,
+                   listed: DataFrame, skip: dict[str, frozenset[str]],
+                   versions: dict[str, int | None], stats: dict[str, dict],
+                   skipped: dict[str, int]) -> tuple[DataFrame, dict[str, str]]:
+    """Records the sources no longer list: ``sample_id, source, status``; and per
+    source how they were looked for."""
+    previous = None
+    full, parts, scans = [], [], {}
+    for s in cfg.sources:
+        if s.on_removed == "keep":
+            scans[s.name] = "kept"
+            continue
+        st = stats.get(s.name, {})
+        if st.get("failures"):
+            scans[s.name] = (f"deferred: {st['failures']} record(s) of unreadable "
+                             "files/shards")
+            log.warning("curate: source %s: removals deferred, %s", s.name, scans[s.name])
+            continue
+        version = versions.get(s.name)
+        if version is None:
+            if not st.get("n") and not skipped.get(s.name) and not live(manifest).where(
+                    F.col("source") == s.name).isEmpty():
+                # An empty listing is far likelier an unmounted volume than a wipe.
+                scans[s.name] = "deferred: the source lists no record at all"
+                log.warning("curate: source %s lists nothing: removals deferred", s.name)
+                continue
+            full.append(s.name)
+            scans[s.name] = "listing"
+            continue
+        if previous is None:
+            previous = state.source_versions()
+        since = previous.get(version_key(s))
+        found = (adapter_for(s.kind).deleted_keys(spark, s, since, version)
+                 if since is not None else None)
+        if found is None:
+            full.append(s.name)
+            scans[s.name] = "listing"
+            continue
+        keys, scans[s.name] = found
+        candidates = keys.select(sample_id_col(F.lit(s.name), F.col("source_key"))
+                                 .alias("sample_id"))
+        parts.append(removed_records(manifest, listed, sources=[s.name],
+                                     candidates=candidates))
+    parts.append(removed_records(manifest, listed, sources=full, skipped=skip))
+    return reduce(DataFrame.unionByName, parts), scans
+
+
+# -- The driver: a folder's listing against the manifest's key columns ---------------
+
+
+def _folder_listing(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
+                    prepare_rows: int) -> Diff | None:
+    """Every source listed on the driver without opening a record, the manifest's key
+    columns read by delta-rs within the driver bound: compared here, and only new and
+    changed records read through Spark. None: another way."""
+    listings = {}
+    for s in cfg.sources:
+        listing = adapter_for(s.kind).driver_listing(s)
+        if listing is None:
+            return None
+        listings[s.name] = listing
+    known = manifest.known() if manifest.exists() else None
+    if known is None:
+        return None  # a first run (nothing to compare), or too many rows for the driver
+    by_id, live_ids = _known_ids(known)
+    stats, changed, gone, scans = {}, {}, [], {}
+    for s in cfg.sources:
+        ids = {key: sample_id_of(s.name, key) for key in listings[s.name]}
+        changed[s.name] = frozenset(
+            k for k, sid in ids.items() if by_id.get(sid, (None, True))[1]
+            or by_id[sid][0] != listings[s.name][k])
+        if ids:  # as the Spark path's counts by source: a source listing nothing has none
+            stats[s.name] = {"source": s.name, "n": len(ids),
+                             "unchanged": len(ids) - len(changed[s.name]), "failures": 0}
+        scans[s.name], left = _listing_removals(s, live_ids.get(s.name, {}), ids)
+        gone += [(sid, s.name, status) for sid, status in left]
+    # A few new or changed records: read, fetched and prepared on the driver.
+    small = _small_night(spark, sum(map(len, changed.values())), prepare_rows)
+    frames = [finish_ingest(adapter_for(s.kind).read_keys(spark, s, changed[s.name], small), s)
+              for s in cfg.sources if changed[s.name]]
+    # Keys of a driver listing are unique (one copy each), and it has no containers to
+    # fail: no window over the keys, no Spark job to count failures. Read once, by the
+    # fetch and prepare step.
+    listed = (reduce(DataFrame.unionByName, frames) if frames else
+              spark.createDataFrame([], SOURCE_SCHEMA)).withColumns(
+        {"occurrence": F.lit(1), "unchanged": F.lit(False)})
+    return Diff(None, _source_versions(spark, cfg), listed, stats,
+                Removals(_removed_frame(spark, gone), scans), has_manifest=True,
+                small=small, in_driver=True)
+
+
+def _listed_in_driver(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
+                      prepare_rows: int) -> Diff | None:
+    """Every source read in this process (small local URL lists), the manifest absent (a
+    first run) or read by delta-rs within the driver bound: the rows are finished as
+    :func:`finish_ingest` does, their repeated keys numbered and their records compared
+    with the manifest as :func:`mark_unchanged` does in Spark, counted and their removals
+    found here; only the new and changed records go on, as local data. None: Spark."""
+    if not all(adapter_for(s.kind).lists_in_driver(s) for s in cfg.sources):
+        return None
+    has_manifest = manifest.exists()
+    known = manifest.known() if has_manifest else None
+    if has_manifest and known is None:
+        return None  # too many rows for the driver
+    table = pa.concat_tables([finish_ingest_arrow(adapter_for(s.kind).read_arrow(s), s)
+                              for s in cfg.sources])
+    by_id, live_ids = _known_ids(known) if known is not None else ({}, {})
+    col = {name: table.column(name).to_pylist() for name in (
+        "sample_id", "source", "source_key", "read_status", "read_reason", "source_uri",
+        "image_ref", "image_offset", "fingerprint")}
+    unchanged = []
+    for sid, fp in zip(col["sample_id"], col["fingerprint"], strict=True):
+        fp_known, retry = by_id.get(sid, (None, True))
+        unchanged.append(not retry and fp_known == fp)
+    stats, ids = {}, {}
+    for i, name in enumerate(col["source"]):
+        st = stats.setdefault(name, {"source": name, "n": 0, "unchanged": 0, "failures": 0})
+        st["n"] += 1
+        st["unchanged"] += unchanged[i]
+        st["failures"] += col["read_reason"][i] in CONTAINER_FAILURES
+        ids.setdefault(name, {})[col["source_key"][i]] = col["sample_id"][i]
+    removals = (_table_removals(spark, cfg, stats, live_ids, ids) if has_manifest
+                else Removals(None, {}))
+    todo = pa.array([not u for u in unchanged], pa.bool_())
+    new = table.append_column("occurrence", pa.array(_occurrences(col), pa.int32())
+                              ).append_column("unchanged", pa.array(unchanged, pa.bool_())
+                                              ).filter(todo)
+    small = _small_night(spark, len(new), prepare_rows)
+    listed = spark.createDataFrame(new, T.StructType(SOURCE_SCHEMA.fields + [
+        T.StructField("occurrence", T.IntegerType(), False),
+        T.StructField("unchanged", T.BooleanType(), False)]))
+    return Diff(None, _source_versions(spark, cfg), listed, stats, removals,
+                has_manifest=has_manifest, small=small, in_driver=True)
+
+
+def _table_removals(spark: SparkSession, cfg: Config, stats: dict[str, dict],
+                    live_ids: dict[str, dict[str, str]], ids: dict[str, dict[str, str]]
+                    ) -> Removals:
+    """Removals of sources read in this process; deferred for a source with unreadable
+    files."""
+    gone, scans = [], {}
+    for s in cfg.sources:
+        failures = stats.get(s.name, {}).get("failures")
+        if failures and s.on_removed != "keep":
+            scans[s.name] = f"deferred: {failures} record(s) of unreadable files/shards"
+            log.warning("curate: source %s: removals deferred, %s", s.name, scans[s.name])
+            continue
+        scans[s.name], left = _listing_removals(s, live_ids.get(s.name, {}),
+                                                ids.get(s.name, {}))
+        gone += [(sid, s.name, status) for sid, status in left]
+    return Removals(_removed_frame(spark, gone), scans)
+
+
+def _small_night(spark: SparkSession, new: int, prepare_rows: int) -> bool:
+    """Whether `new` records are few enough to fetch and prepare on the driver; if not,
+    this process's first Python tasks are coming, and their daemon starts now, on a thread
+    (:func:`~etl.runtime.warm.start_python_workers`), while the driver hands the records
+    to Spark and plans the fetch + prepare job -- not before: a night with nothing new,
+    or a few records prepared on the driver, starts no Python worker."""
+    if new <= prepare_rows:
+        return True
+    start_python_workers(spark, "lakeshard curate: start the Python workers")
+    return False
+
+
+def _removed_frame(spark: SparkSession, gone: list[tuple[str, str, str]]) -> DataFrame | None:
+    if not gone:
+        return None
+    return spark.createDataFrame(gone, _REMOVED_SCHEMA).withColumn(
+        "reason", F.lit("source_removed"))
+
+
+def _known_ids(known: pa.Table
+               ) -> tuple[dict[str, tuple[str | None, bool]], dict[str, dict[str, str]]]:
+    """The manifest's rows read by delta-rs (:meth:`Manifest.known`) as a driver-side
+    comparison needs them: ``sample_id -> (fingerprint, retried)`` of every record a
+    listing may find unchanged (not those that left their source: back, they are new),
+    and per source ``sample_id -> status`` of the records still there."""
+    by_id, live_ids = {}, {}
+    for row in known.to_pylist():
+        if row["status"] == REMOVED and row["reason"] == "source_removed":
+            continue  # a record back after leaving its source is new
+        by_id[row["sample_id"]] = (row["fingerprint"], is_retry(row["status"], row["reason"]))
+        if row["status"] != REMOVED:
+            live_ids.setdefault(row["source"], {})[row["sample_id"]] = row["status"]
+    return by_id, live_ids
+
+
+def _occurrences(col: dict[str, list]) -> list[int]:
+    """:func:`mark_unchanged`'s ``occurrence`` for listed rows (columns as lists): 1 for
+    the copy kept of each ``sample_id``, readable copies first, then by URI, reference,
+    offset and fingerprint, nulls first as Spark orders them."""
+    def first_nulls(v):
+        return (v is not None, v if v is not None else "")
+
+    order = sorted(range(len(col["sample_id"])), key=lambda i: (
+        col["sample_id"][i], col["read_status"][i] != "ok",
+        *(first_nulls(col[c][i]) for c in ("source_uri", "image_ref", "image_offset",
+                                           "fingerprint"))))
+    out, previous, n = [0] * len(order), None, 0
+    for i in order:
+        n = n + 1 if col["sample_id"][i] == previous else 1
+        out[i], previous = n, col["sample_id"][i]
+    return out
+
+
+def _listing_removals(source: SourceConfig, live: dict[str, str], ids: dict[str, str]
+                      ) -> tuple[str, list[tuple[str, str]]]:
+    """How a driver-listed source's removals were looked for, and the records of it the
+    manifest holds (accepted or rejected) that the listing no longer has."""
+    if source.on_removed == "keep":
+        return "kept", []
+    if not ids and live:
+        # An empty listing is far likelier an unmounted volume than a wipe.
+        log.warning("curate: source %s lists nothing: removals deferred", source.name)
+        return "deferred: the source lists no record at all", []
+    listed = set(ids.values())
+    return "listing", sorted((sid, st) for sid, st in live.items() if sid not in listed)
