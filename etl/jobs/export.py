@@ -39,6 +39,7 @@ from etl.writers.lance import ROW_ADDRESS, lance_reader, read_local_table
 from etl.writers.mds import (
     BlobSource,
     ExportResult,
+    ExportSettings,
     export_mds,
     mds_encoding,
     read_manifest,
@@ -288,21 +289,21 @@ def _write(cfg: Config, name: str, exp, cols: _Columns, curated: _Curated,
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
         if f.name not in (ROW_ADDRESS, "_identity") and f.name not in cols.encodings:
             mds_encoding(f.dataType, f.name)
-    result = export_mds(
-        rows, tables.export_path(cfg, name), partitions=exp.partitions,
-        size_limit=exp.size_limit, compression=exp.compression, hashes=exp.hashes,
-        seed=exp.seed, blobs=BlobSource(paths.curated, version, cols.fetched),
-        buckets=exp.buckets, jpeg_quality=cfg.prepare.jpeg_quality,
-        encodings=cols.encodings or None,
+    settings = ExportSettings(
+        partitions=exp.partitions, size_limit=exp.size_limit, compression=exp.compression,
+        hashes=exp.hashes, seed=exp.seed,
         manifest={"name": name, "table": paths.curated, "where": exp.where,
                   "sources": dict(cols.mapping)},
         # What changes with the table's content: an incremental export diffs rows when
         # only this changed since the export in place.
         lineage={"table_version": version, "dedup": chosen.dedup,
                  "removals": chosen.removals},
+        blobs=BlobSource(paths.curated, version, cols.fetched), buckets=exp.buckets,
+        jpeg_quality=cfg.prepare.jpeg_quality, encodings=cols.encodings,
         incremental=exp.incremental, identity="_identity" if cols.identity else None,
         held=cols.held,
     )
+    result = export_mds(rows, tables.export_path(cfg, name), settings)
     if result.samples != chosen.expected:
         raise RuntimeError(
             f"export {name!r} has {result.samples} samples, the table has "
