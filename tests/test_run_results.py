@@ -10,7 +10,8 @@ from datetime import datetime
 import pytest
 
 from etl.ledger import transition
-from etl.pipeline.summary import _count_line, _counts
+from etl.pipeline.summary import _counts
+from etl.report.console import count_line
 from etl.runtime.metrics import Metrics
 from etl.runtime.stage import StageResult
 from etl.transforms.accounting import ALL_SOURCES, SourceCounts, stage_metrics
@@ -45,11 +46,11 @@ def test_a_tally_round_trips_through_json():
 
 
 def test_the_console_row_renders_the_tally():
-    assert _count_line(A) == (
+    assert count_line(A) == (
         f"{'a':<20} {6:>7} {3:>9} {2:>9} {1:>7} {1:>8} {4:>10} {2:>8}  "
         "empty=1, undecodable=1, too_small=1, taken_down=2")
-    assert _count_line(SourceCounts("c", 0, 0, 0)).endswith("  -")
-    assert _count_line(A + B, reasons=False) == (
+    assert count_line(SourceCounts("c", 0, 0, 0)).endswith("  -")
+    assert count_line(A + B, reasons=False) == (
         f"{'total':<20} {9:>7} {6:>9} {2:>9} {1:>7} {3:>8} {4:>10} {3:>8}")
 
 
