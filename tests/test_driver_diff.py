@@ -15,7 +15,7 @@ from conftest import jpeg_bytes, make_config
 from etl.config import PrepareConfig
 from etl.jobs import curate as curate_job
 from etl.lakehouse.catalog import Catalog
-from etl.pipeline.preflight import check_sources
+from etl.pipeline.checks import check_sources
 from etl.schema import sample_id_of
 from etl.sources import listing
 from etl.sources.file_table import TableSource
