@@ -37,8 +37,8 @@ class ExportSettings:
     # never go through the JVM); None: every column is in the rows.
     blobs: BlobSource | None = None
     # Aspect-ratio buckets: rows routed into one sub-folder per bucket (``<out>/<W>x<H>/``,
-    # each with its own ``index.json``), resized to the bucket at `jpeg_quality` if the
-    # spec says so.
+    # each with its own ``index.json``; read one with ``StreamingDataset(local=<out>,
+    # split="<W>x<H>")``), resized to the bucket at `jpeg_quality` if the spec says so.
     buckets: BucketSpec | None = None
     jpeg_quality: int = 92
     # Encodings of some columns instead of the one their Spark type gives (binary
