@@ -16,9 +16,10 @@ its subcommands from these entries. `run.stages:` in the config, ``--only`` and
 ``--skip`` choose among :data:`STAGES`, never reorder them. Adding a stage is one entry,
 placed where it belongs in the order.
 
-The job modules are imported with this one: `lakeshard --help` needs every command's
-options anyway (they are its flags), and those live in the job modules; the two jobs
-without options (curate, export) add about 0.1 s to a start (docs/development.md).
+The job modules are imported with this one: the parser needs every command's options
+anyway (they are its flags), and those live in the job modules; the two jobs without
+options (curate, export) add about 0.1 s to a command's start and nothing to a run,
+which imports them anyway (docs/development.md, "Commands declared once").
 """
 
 from __future__ import annotations
