@@ -42,20 +42,23 @@ __all__ = ["Stage", "StageRegistry", "STAGES", "COMMANDS"]
 D = TypeVar("D", bound=StageDetail)
 Opts = TypeVar("Opts")  # the stage's options type
 
-Check = Callable[[Config, RunContext], None]
+# A stage's check or warm-up, (cfg, ctx) -> None, both run before the stage.
+Hook = Callable[[Config, RunContext], None]
 
 
 @dataclass(frozen=True)
 class Stage(Generic[D, Opts]):
+    """One registered stage or command: the functions that make it (see the module)."""
+
     name: str
     run: Callable[[SparkSession, Config, RunContext], StageResult[D]]
     description: str  # one line; the command's --help line
-    check: Check | None = None  # run before Spark
+    check: Hook | None = None  # run before Spark
     options: type[Opts] | None = None  # the command's typed options
     render: Callable[[Config, Opts, StageResult[D]], str] | None = None  # what the command
     # prints; None: the run's summary
     details: str | None = None  # the command's --help paragraph, where one line is not enough
-    warm: Check | None = None  # imports the stage will need, started on a thread
+    warm: Hook | None = None  # imports the stage will need, started on a thread
     # (etl.runtime.warm; when: the runner's _warm)
 
     def printer(self) -> Callable[[Config, Opts, StageResult[D]], str]:
@@ -86,10 +89,10 @@ class StageRegistry:
 
     def add(self, name: str,
             run: Callable[[SparkSession, Config, RunContext], StageResult[D]],
-            description: str, *, check: Check | None = None,
+            description: str, *, check: Hook | None = None,
             options: type[Opts] | None = None,
             render: Callable[[Config, Opts, StageResult[D]], str] | None = None,
-            details: str | None = None, warm: Check | None = None) -> None:
+            details: str | None = None, warm: Hook | None = None) -> None:
         """One stage (see :class:`Stage`)."""
         if name in self.names():
             raise ValueError(f"stage {name!r} is registered twice")
