@@ -238,7 +238,7 @@ def test_events_progress_and_job_groups(spark, finished_run):
     for stage in ("curate", "export"):  # caption: nothing to do, no Spark job
         assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-{stage}"), stage
     # dedup: a first run over a small curated table, planned in the driver.
-    assert out.detail("dedup", DedupRun).result.mode == "full (driver)"
+    assert out.detail("dedup", DedupRun).mode == "full (driver)"
     assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-dedup") == []
 
 

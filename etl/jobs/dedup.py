@@ -11,7 +11,7 @@ and writes it; this module is the stage and what it prints.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pyspark.sql import SparkSession
 
@@ -56,13 +56,16 @@ def format_dedup(res: DedupResult) -> str:
 
 
 @dataclass(frozen=True)
-class DedupRun(StageDetail):
-    """What the stage did to the dedup table (:meth:`DedupTable.update`'s result)."""
+class DedupRun(DedupResult, StageDetail):
+    """What the stage did to the dedup table (:meth:`DedupTable.update`'s result), and
+    how the run's summary shows it."""
 
-    result: DedupResult
+    @classmethod
+    def of(cls, res: DedupResult) -> DedupRun:
+        return cls(**{f.name: getattr(res, f.name) for f in fields(res)})
 
     def summary_section(self) -> str:
-        return format_dedup(self.result)
+        return format_dedup(self)
 
 
 @dataclass(frozen=True)
@@ -88,7 +91,7 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult[Dedu
         inputs={"new_rows": res.new_rows}, outputs=outputs,
         table_versions={"delta:dedup": res.version},
         note="up to date" if res.new_rows == 0 and res.changed == 0 else None,
-        detail=DedupRun(res),
+        detail=DedupRun.of(res),
     )
 
 
@@ -100,4 +103,4 @@ def check(cfg: Config, ctx: RunContext) -> None:
 
 def render(cfg: Config, opts: DedupOptions, result: StageResult[DedupRun]) -> str:
     """What `lakeshard dedup` prints."""
-    return format_dedup(result.made().result)
+    return format_dedup(result.made())
