@@ -35,7 +35,7 @@ import numpy as np
 
 
 def _outcome(cfg):
-    from etl.pipeline.outcome import RunOutcome
+    from etl.runtime.outcome import RunOutcome
 
     summaries = sorted(glob.glob(os.path.join(cfg.storage.root, "reports", "*",
                                               "summary.json")), key=os.path.getmtime)

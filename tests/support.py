@@ -119,10 +119,14 @@ def write_tar(path, members) -> None:
 
 def run_all(cfg, *, stages=(), export_names=None):
     """`lakeshard run` in-process: (run id, curate result, export results)."""
+    from etl.jobs.curate import CurateResult
+    from etl.jobs.export import ExportRun
     from etl.pipeline.runner import run_pipeline
 
     out = run_pipeline(cfg, only=tuple(stages), export_names=export_names)
-    return out.run_id, out.detail("curate"), out.detail("export") or []
+    exports = out.detail("export", ExportRun)
+    return (out.run_id, out.detail("curate", CurateResult),
+            list(exports.exports) if exports else [])
 
 
 def cli_in_process(args: list[str]) -> tuple[int, str, str]:

@@ -12,7 +12,7 @@ from conftest import jpeg_bytes, make_config, png_bytes, tar_bytes
 from httpserver import Server
 
 from etl.jobs.curate import curate
-from etl.pipeline.preflight import check_sources
+from etl.pipeline.checks import check_sources
 
 pytestmark = pytest.mark.slow
 

@@ -320,33 +320,37 @@ def test_what_the_lakehouse_and_latents_commands_print():
 
     from etl import tables
     from etl.jobs.lakehouse import (
+        Compacted,
+        Embedded,
         EmbedOptions,
+        FeaturesAdded,
         FeaturesOptions,
         render_compact,
         render_embed,
         render_features,
     )
-    from etl.jobs.latents import LatentsOptions, render
+    from etl.jobs.latents import LatentsDropped, LatentsOptions, render
     from etl.runtime.stage import StageResult
 
     cfg = make_config(Path("/nonexistent-root"))
     feats = NS(names=["megapixels", "aspect"], rows=7, version=3, bytes_written=120,
                ratio=0.000123456, table_bytes=972000, image_files_unchanged=True)
-    assert render_features(cfg, FeaturesOptions(), StageResult(detail=feats)) == (
+    assert render_features(cfg, FeaturesOptions(), StageResult(detail=FeaturesAdded(feats))) == (
         "megapixels, aspect: 7 rows -> version 3; wrote 120 bytes = 0.00012 of the "
         "table's 972000 bytes; image data files unchanged")
     emb = NS(rows=5, fragments=2, bytes_written=4096, index_type=None, version=9)
-    assert render_embed(cfg, EmbedOptions(), StageResult(detail=emb)) == (
+    assert render_embed(cfg, EmbedOptions(), StageResult(detail=Embedded(emb))) == (
         f"{cfg.lakehouse.embedding.column}: embedded 5 captions in 2 fragment(s), 4096 "
         "bytes written; vector index none; version 9")
     comp = NS(fragments_before=4, fragments_after=1, fragments_rewritten=4,
               version_before=6, version_after=7, versions_removed=5, bytes_removed=333,
               oldest_version=7)
-    assert render_compact(cfg, None, StageResult(detail=comp)) == (
+    assert render_compact(cfg, None, StageResult(detail=Compacted(comp))) == (
         f"{tables.layout(cfg).curated}: 4 -> 1 fragment(s) (4 rewritten); "
         "version 6 -> 7; removed 5 old version(s), 333 bytes; oldest readable version 7")
     drop = LatentsOptions(encoder="t5", drop=True)
-    assert render(cfg, drop, StageResult(detail=(4, ["latents_t5_a", "latents_t5_b"]))) == \
+    assert render(cfg, drop, StageResult(
+        detail=LatentsDropped(4, ("latents_t5_a", "latents_t5_b")))) == \
         "latents t5: dropped latents_t5_a, latents_t5_b (version 4)"
-    assert render(cfg, drop, StageResult(detail=(4, []))) == \
+    assert render(cfg, drop, StageResult(detail=LatentsDropped(4, ()))) == \
         "latents t5: none in the curated table; nothing dropped"

@@ -23,6 +23,7 @@ from PIL import Image
 
 from etl import storage, tables
 from etl.config import ConfigError, DedupConfig
+from etl.jobs.dedup import DedupRun
 from etl.lakehouse.dedup_table import DedupTable, source_counts
 from etl.transforms.dedup import (
     ASSIGNMENT_COLUMNS,
@@ -346,7 +347,7 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     assert kinds[twin[0]] == (False, "exact")
     assert kinds["copies/astronaut_small.jpg"] == (False, "near")
     # Stats per source, and the exports: duplicates left out unless asked for.
-    d = out.detail("dedup")
+    d = out.detail("dedup", DedupRun)
     assert (d.counts[0].rows, d.counts[0].exact, d.counts[0].near, d.clusters) == (4, 1, 1, 1)
     assert "exact rate" in format_outcome(out)
     # The report's duplicates come from the dedup table: per source, clusters, and a
@@ -383,7 +384,7 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     assert spark.sql("SELECT count(*) FROM curated WHERE is_canonical").first()[0] == 2
 
     # Rerun, nothing new: same ids, nothing changed.
-    d2 = run_pipeline(cfg, only=("curate", "dedup")).detail("dedup")
+    d2 = run_pipeline(cfg, only=("curate", "dedup")).detail("dedup", DedupRun)
     s2, _ = state()
     assert d2.mode == "incremental" and d2.changed == 0
     # Decided from the dedup table's properties (curated version, settings, stats): no
@@ -400,7 +401,7 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
         _reencoded("astronaut.png", (1024, 1024), "PNG"))
     (photos / "new/coffee.jpg").write_bytes(_reencoded("coffee.png", (400, 300), "JPEG",
                                                        quality=85))
-    d3 = run_pipeline(cfg, export_names=("train",)).detail("dedup")
+    d3 = run_pipeline(cfg, export_names=("train",)).detail("dedup", DedupRun)
     s3, ids3 = state()
     assert d3.new_rows == 2
     # Two appended rows: planned in the driver from the rows they touch; the stats it
@@ -442,7 +443,7 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     (photos / "more").mkdir()
     (photos / "more/chelsea.png").write_bytes(_skimage_bytes("chelsea.png"))
     (photos / "more/rocket.jpg").write_bytes(_reencoded("rocket.jpg", (300, 200), "JPEG"))
-    d4 = run_pipeline(cfg, only=("curate", "dedup")).detail("dedup")
+    d4 = run_pipeline(cfg, only=("curate", "dedup")).detail("dedup", DedupRun)
     s4, _ = state()
     assert (d4.mode, d4.new_rows, d4.changed) == ("incremental (driver)", 2, 2)
     assert all(s4[k].dup_kind == "unique" and s4[k].cluster_size == 1

@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from etl.config import DedupConfig
+from etl.jobs.dedup import DedupRun
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, plan_dedup
 from etl.transforms.dedup_local import plan_local, update_stats
 
@@ -293,9 +294,10 @@ def test_driver_increment_equals_spark_increment_on_the_same_table(spark, tmp_pa
     # driver_max_rows), and by Spark over the table.
     run_pipeline(config(tmp_path / "root", 50_000), only=("curate",))
     shutil.copytree(tmp_path / "root", tmp_path / "first_by_spark")
-    first_d = run_pipeline(config(tmp_path / "root", 50_000), only=("dedup",)).detail("dedup")
+    first_d = run_pipeline(config(tmp_path / "root", 50_000),
+                           only=("dedup",)).detail("dedup", DedupRun)
     first_s = run_pipeline(config(tmp_path / "first_by_spark", 0),
-                           only=("dedup",)).detail("dedup")
+                           only=("dedup",)).detail("dedup", DedupRun)
     assert (first_d.mode, first_s.mode) == ("full (driver)", "full")
     assert first_d.new_rows == first_s.new_rows == 26
     assert (first_d.pairs, first_d.changed, first_d.clusters, first_d.counts) == (
@@ -320,7 +322,7 @@ def test_driver_increment_equals_spark_increment_on_the_same_table(spark, tmp_pa
 
     by_driver = run_pipeline(config(tmp_path / "root", 50_000), only=("dedup",))
     by_spark = run_pipeline(config(tmp_path / "root2", 0), only=("dedup",))
-    d, s = by_driver.detail("dedup"), by_spark.detail("dedup")
+    d, s = by_driver.detail("dedup", DedupRun), by_spark.detail("dedup", DedupRun)
     assert (d.mode, s.mode) == ("incremental (driver)", "incremental")
     assert d.new_rows == s.new_rows >= 6 and d.removed == s.removed >= 3
     assert (d.changed, d.clusters, d.counts) == (s.changed, s.clusters, s.counts)
@@ -336,7 +338,8 @@ def test_driver_increment_equals_spark_increment_on_the_same_table(spark, tmp_pa
     assert any(r[6] == "exact" for r in table(tmp_path / "root"))
     # Each run's carried-forward stats equal the other's counted ones: the next night's
     # shortcuts start from the truth.
-    again = run_pipeline(config(tmp_path / "root", 50_000), only=("dedup",)).detail("dedup")
+    again = run_pipeline(config(tmp_path / "root", 50_000),
+                         only=("dedup",)).detail("dedup", DedupRun)
     assert again.from_metadata and (again.counts, again.clusters) == (s.counts, s.clusters)
 
 

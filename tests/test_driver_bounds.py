@@ -13,7 +13,7 @@ from conftest import jpeg_bytes, make_config
 
 from etl import tables
 from etl.jobs.curate import curate
-from etl.pipeline.preflight import check_sources
+from etl.pipeline.checks import check_sources
 
 pytestmark = pytest.mark.slow
 

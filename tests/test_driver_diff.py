@@ -17,7 +17,7 @@ from etl.config import PrepareConfig
 from etl.jobs import curate as curate_job
 from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.curate_state import CurateState
-from etl.pipeline.preflight import check_sources
+from etl.pipeline.checks import check_sources
 from etl.runtime.local import is_local
 from etl.schema import sample_id_of
 from etl.sources import listing

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from etl import tables
 from etl.config import FetchConfig, parse_config
 from etl.jobs.curate import curate
-from etl.pipeline.preflight import check_sources
+from etl.pipeline.checks import check_sources
 from etl.transforms.fetch import fetch_images
 
 

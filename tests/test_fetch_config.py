@@ -85,7 +85,7 @@ def test_no_warning_when_filled_in_or_nothing_is_fetched_from_the_web(tmp_path, 
 
 
 def test_the_sample_url_list_needs_allow_local(tmp_path):
-    from etl.pipeline.preflight import check_sources
+    from etl.pipeline.checks import check_sources
 
     cfg = make_config(tmp_path, sources=[
         {"name": "sample_urls", "kind": "table", "path": str(tmp_path / "urls.jsonl"),

@@ -13,6 +13,7 @@ from httpserver import Server
 
 from etl.config import FetchConfig
 from etl.config.images import OPT_OUT_DIRECTIVES
+from etl.jobs.curate import CurateResult
 from udfs.fetch import fetch_ref
 from udfs.fetch_http import RefRules, agent_tokens, opt_out
 
@@ -121,7 +122,7 @@ def test_refusals_are_rejects_counted_per_source_and_reported(spark, tmp_path):
         )
         out = run_pipeline(cfg, only=("curate",), run_id="optout")
 
-    counts = {c.source: c for c in out.detail("curate").counts}
+    counts = {c.source: c for c in out.detail("curate", CurateResult).counts}
     assert counts["polite"].reasons == {"bad_scheme": 1, "blocked_address": 1, "opted_out": 1}
     assert counts["ignores"].reasons == {"bad_scheme": 1, "blocked_address": 1}
     assert (counts["polite"].accepted, counts["ignores"].accepted) == (1, 2)

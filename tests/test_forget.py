@@ -20,6 +20,9 @@ from httpserver import Server
 
 from etl import tables
 from etl.errors import ConfigError
+from etl.jobs.curate import CurateResult
+from etl.jobs.export import ExportRun
+from etl.jobs.forget import ForgetResult
 from etl.schema import TAKEDOWNS_SCHEMA, sample_id_of
 
 # ----------------------------------------------------------------------- the request
@@ -194,8 +197,8 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
                       "conf": {"spark.sql.shuffle.partitions": "2"}}}))
         paths = tables.layout(cfg)
         first = run_pipeline(cfg, only=("curate", "dedup", "export"))
-        assert first.detail("curate").curated_rows == 7
-        (old_export,) = first.detail("export")
+        assert first.detail("curate", CurateResult).curated_rows == 7
+        (old_export,) = first.detail("export", ExportRun).exports
         assert verify_export(old_export.path, loader_workers=0, loader_samples=4).ok
         old_key = json.loads(open(os.path.join(old_export.path, "manifest.json")).read())[
             "export_key"]
@@ -222,7 +225,7 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
             "urls": [f"{server.url}/img/u1.jpg", f"{server.url}/img/gone.jpg"],
             "hashes": [p2_file_hash], "by": "dpo@example.org", "reason": "opt-out request",
             "request_id": "DPO-17"})
-        res = out.detail("forget")
+        res = out.detail("forget", ForgetResult)
         assert sorted(sid for sid, _ in res.matched) == sorted([u1, p2, gone])
         assert (res.removed_from("curated"), res.removed_from("rejects")) == (2, 1)
         assert res.purge is not None and res.purge.done
@@ -288,7 +291,7 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
         # The next export leaves all three out (p3 too, though still in the table), its
         # key changed, and it verifies.
         after = run_pipeline(cfg, only=("export",))
-        (exp,) = after.detail("export")
+        (exp,) = after.detail("export", ExportRun).exports
         assert exp.samples == 4 and exp.resumed_partitions == 0
         manifest_json = json.loads(open(os.path.join(exp.path, "manifest.json")).read())
         assert manifest_json["export_key"] != old_key
@@ -307,7 +310,7 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
         server.files["u9.jpg"] = _img(11)
         _urls(inp, server, ["u0", "u1", "u2", "gone", "u9"])
         night = run_pipeline(cfg, only=("curate", "dedup", "export"))
-        by = {c.source: c for c in night.detail("curate").counts}
+        by = {c.source: c for c in night.detail("curate", CurateResult).counts}
         assert (by["photos"].seen, by["photos"].rejected, by["photos"].reasons) == (
             2, 2, {"taken_down": 2})
         # ... and the request the dead run left is finished: p3 out of every table.
@@ -326,7 +329,7 @@ def test_forget_by_url_and_image_hash_then_the_same_bytes_return_under_other_nam
             "relabelled.png": ("prepare", "taken_down", "takedown DPO-17: same image sha256"),
             "u9": ("ingest", "taken_down", "takedown DPO-17: same image sha256"),
         }
-        (exp,) = night.detail("export")
+        (exp,) = night.detail("export", ExportRun).exports
         assert exp.samples == 4 and exp.resumed_partitions == 0  # p3's delete: a new version
         assert verify_export(exp.path, loader_workers=0, loader_samples=4,
                              taken_down=taken).ok

@@ -16,6 +16,7 @@ import yaml
 from conftest import JARS_DIR, files_holding, jpeg_bytes, make_config, tar_bytes
 
 from etl import tables
+from etl.jobs.curate import CurateResult
 from etl.ledger import recent_runs_local
 
 pytestmark = pytest.mark.slow
@@ -88,7 +89,7 @@ def test_a_night_over_hostile_sources(spark, tmp_path, capsys):
         "list": (2, {"malformed_row": 1, "outside_source": 1}),
         "tars": (1, {"invalid_sidecar": 1}),
     }
-    counts = {c.source: c for c in out.detail("curate").counts}
+    counts = {c.source: c for c in out.detail("curate", CurateResult).counts}
     for name, (accepted, reasons) in expected.items():
         c = counts[name]
         assert (c.accepted, c.reasons) == (accepted, dict(sorted(reasons.items()))), name

@@ -14,7 +14,7 @@ from httpserver import Server
 
 from etl import tables
 from etl.jobs.curate import curate
-from etl.pipeline.preflight import check_sources
+from etl.pipeline.checks import check_sources
 
 pytestmark = pytest.mark.slow
 

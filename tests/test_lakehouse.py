@@ -18,6 +18,7 @@ from lakehouse_data import ROWS, write_curated
 
 from etl import tables
 from etl.config import ConfigError
+from etl.jobs.lakehouse import Compacted, FeaturesAdded
 from etl.lakehouse.features import ASPECT_BUCKETS, add_features
 from etl.lakehouse.indexes import ensure_scalar_indexes, indexed_columns, uses_index
 from etl.lakehouse.maintenance import compact, current_version, table_versions
@@ -175,7 +176,8 @@ def test_table_changing_commands_take_the_lock_and_write_the_ledger(spark, tmp_p
 
     feats = run_command(cfg, "features", {"names": ["megapixels"]}, run_id="feat-1")
     comp = run_command(cfg, "compact", run_id="compact-1")
-    assert feats.detail("features").rows == 12 and comp.detail("compact").fragments_after == 1
+    assert feats.detail("features", FeaturesAdded).result.rows == 12
+    assert comp.detail("compact", Compacted).result.fragments_after == 1
     assert not os.path.exists(lock_path(cfg))
     ledger = read_runs(spark, tables.layout(cfg).runs)  # latest status
     rows = {(r.run_id, r.stage): r for r in ledger.collect()}

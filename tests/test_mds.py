@@ -15,7 +15,7 @@ from PIL import Image
 from pyspark.sql import functions as F
 
 from etl.transforms.export import FIXED_COLUMNS
-from etl.writers.mds import export_mds
+from etl.writers.mds import ExportSettings, export_mds
 
 
 def _rows(spark, n):
@@ -46,8 +46,8 @@ def _files(root):
 def test_export_writes_one_subdir_per_task_and_one_root_index(spark, tmp_path):
     df, data = _rows(spark, 25)
     out = str(tmp_path / "exp")
-    res = export_mds(df, out, partitions=3, size_limit=1 << 16, compression=None,
-                     hashes=("xxh64",))
+    res = export_mds(df, out, ExportSettings(partitions=3, size_limit=1 << 16,
+                                             compression=None, hashes=("xxh64",)))
     assert res.samples == 25
     assert sorted(os.listdir(out)) == [
         "index.json", "manifest.json", "part-00000", "part-00001", "part-00002"]
@@ -78,11 +78,11 @@ def test_export_writes_one_subdir_per_task_and_one_root_index(spark, tmp_path):
 def test_reexport_is_identical_and_replaces_the_old_one(spark, tmp_path):
     df, _ = _rows(spark, 12)
     out = str(tmp_path / "exp")
-    export_mds(df, out, partitions=2, size_limit=1 << 16, compression=None, hashes=())
+    export_mds(df, out, ExportSettings(partitions=2, size_limit=1 << 16, compression=None))
     first = _files(out)
     shutil.rmtree(out)
-    export_mds(df.orderBy(F.desc("caption")), out, partitions=2, size_limit=1 << 16,
-               compression=None, hashes=())
+    export_mds(df.orderBy(F.desc("caption")), out,
+               ExportSettings(partitions=2, size_limit=1 << 16, compression=None))
     assert _files(out) == first
     assert os.listdir(tmp_path) == ["exp"]
 
@@ -90,7 +90,7 @@ def test_reexport_is_identical_and_replaces_the_old_one(spark, tmp_path):
 def test_compressed_export_reads_back(spark, tmp_path):
     df, data = _rows(spark, 6)
     out = str(tmp_path / "z")
-    export_mds(df, out, partitions=2, size_limit=1 << 16, compression="zstd", hashes=())
+    export_mds(df, out, ExportSettings(partitions=2, size_limit=1 << 16, compression="zstd"))
     assert sorted(s["caption"] for s in read_all(out)) == sorted(d[1] for d in data)
 
 
@@ -98,8 +98,8 @@ def test_non_jpeg_bytes_fail_and_publish_nothing(spark, tmp_path):
     df, _ = _rows(spark, 2)
     bad = df.withColumn("image", F.lit(b"\x89PNG not a jpeg"))
     with pytest.raises(Exception, match="not a JPEG"):
-        export_mds(bad, str(tmp_path / "bad"), partitions=1, size_limit=1 << 16,
-                   compression=None, hashes=())
+        export_mds(bad, str(tmp_path / "bad"),
+                   ExportSettings(partitions=1, size_limit=1 << 16, compression=None))
     assert not os.path.exists(tmp_path / "bad")
     # The staging folder stays for a resume; it holds no finished partition.
     (staging,) = os.listdir(tmp_path)
@@ -110,13 +110,13 @@ def test_non_jpeg_bytes_fail_and_publish_nothing(spark, tmp_path):
 def test_rerun_with_same_settings_is_a_no_op_and_other_seed_reorders(spark, tmp_path):
     df, _ = _rows(spark, 10)
     out = str(tmp_path / "exp")
-    kw = dict(partitions=2, size_limit=1 << 16, compression=None, hashes=())
-    first = export_mds(df, out, **kw)
+    kw = ExportSettings(partitions=2, size_limit=1 << 16, compression=None)
+    first = export_mds(df, out, kw)
     mtime = os.stat(os.path.join(out, "index.json")).st_mtime_ns
-    again = export_mds(df, out, **kw)
+    again = export_mds(df, out, kw)
     assert again.checksum == first.checksum and again.resumed_partitions == 2
     assert os.stat(os.path.join(out, "index.json")).st_mtime_ns == mtime  # untouched
-    other = export_mds(df, out, seed=7, **kw)
+    other = export_mds(df, out, replace(kw, seed=7))
     assert other.samples == 10 and other.checksum != first.checksum
 
 
@@ -125,8 +125,8 @@ def test_interrupted_export_resumes_finished_partitions(spark, tmp_path):
     publishes its partition by one rename when it finishes). The rerun reuses it as
     written and ends with the same bytes as an export that never failed."""
     df, _ = _rows(spark, 16)
-    kw = dict(partitions=2, size_limit=1 << 16, compression=None, hashes=())
-    clean = export_mds(df, str(tmp_path / "clean"), **kw)
+    kw = ExportSettings(partitions=2, size_limit=1 << 16, compression=None)
+    clean = export_mds(df, str(tmp_path / "clean"), kw)
     key = json.load(open(tmp_path / "clean" / "manifest.json"))["export_key"]
 
     staging = tmp_path / f".exp.staging-{key}"
@@ -136,7 +136,7 @@ def test_interrupted_export_resumes_finished_partitions(spark, tmp_path):
     inode = os.stat(staging / "part-00000" / "index.json").st_ino
 
     out = str(tmp_path / "exp")
-    resumed = export_mds(df, out, **kw)
+    resumed = export_mds(df, out, kw)
     assert resumed.resumed_partitions == 1
     assert os.stat(os.path.join(out, "part-00000", "index.json")).st_ino == inode
     assert resumed.checksum == clean.checksum
@@ -149,7 +149,8 @@ def test_verify_export_passes_and_catches_a_corrupt_shard(spark, tmp_path):
 
     df, _ = _rows(spark, 12)
     out = str(tmp_path / "exp")
-    export_mds(df, out, partitions=2, size_limit=1 << 16, compression=None, hashes=("xxh64",))
+    export_mds(df, out, ExportSettings(partitions=2, size_limit=1 << 16, compression=None,
+                                       hashes=("xxh64",)))
     fds = len(os.listdir("/proc/self/fd"))
     report = verify_export(out, loader_workers=2, loader_samples=8)
     assert report.ok, report.problems
@@ -274,13 +275,13 @@ def test_incremental_export_writes_only_what_changed(spark, tmp_path):
     from etl.jobs.verify_export import verify_export
 
     out = str(tmp_path / "exp")
-    kw = dict(partitions=8, size_limit=1 << 16, compression=None, hashes=(),
-              incremental=True, identity="_identity", manifest={"name": "exp"})
+    kw = ExportSettings(partitions=8, size_limit=1 << 16, compression=None,
+                        incremental=True, identity="_identity", manifest={"name": "exp"})
     rows = {f"id{i:03d}": (f"caption {i}", i) for i in range(80)}
 
     def export(version):
         df = _inc_rows(spark, [(k, c, col) for k, (c, col) in rows.items()])
-        return export_mds(df, out, lineage={"table_version": version}, **kw)
+        return export_mds(df, out, replace(kw, lineage={"table_version": version}))
 
     def streamed():
         return {s["sample_id"]: s["caption"] for s in read_all(out)}
@@ -402,10 +403,10 @@ def test_rows_the_driver_holds_export_as_spark_exports_them(spark, tmp_path, mon
             "height int, original_width int, original_height int, _identity string"))
 
     def export(out, version, held, buckets=None):
-        return export_mds(frame(), str(tmp_path / out), partitions=4, size_limit=1 << 12,
-                          compression=None, hashes=(), incremental=True, identity="_identity",
-                          manifest={"name": "exp"}, lineage={"table_version": version},
-                          buckets=buckets, held=held)
+        return export_mds(frame(), str(tmp_path / out), ExportSettings(
+            partitions=4, size_limit=1 << 12, compression=None, incremental=True,
+            identity="_identity", manifest={"name": "exp"},
+            lineage={"table_version": version}, buckets=buckets, held=held))
 
     buckets = BucketSpec(base_resolution=256, patch_size=32)
     steps = [lambda: None, lambda: rows.update({"id900": ("new", 200), "id901": ("x", 201)}),

@@ -11,6 +11,9 @@ import pytest
 from conftest import REPO, make_config
 
 from etl import tables
+from etl.jobs.curate import CurateResult
+from etl.jobs.dedup import DedupRun
+from etl.jobs.export import ExportRun
 from etl.lakehouse.dedup_table import DEDUP_PARAMS, DedupTable, dedup_params
 from etl.migrations import CURATED_RENAMES
 
@@ -67,7 +70,7 @@ def test_a_root_written_by_the_previous_release_is_migrated_and_read(spark, lega
     # The old manifest moved; its records are recognised: nothing was processed again.
     assert not os.path.exists(paths.delta_table("samples"))
     assert spark.read.format("delta").load(paths.manifest).count() == 4
-    (counts,) = out.detail("curate").counts
+    (counts,) = out.detail("curate", CurateResult).counts
     assert (counts.seen, counts.unchanged) == (0, 4)
 
     # Dedup: the same assignments under the new column name, settings kept (so the run
@@ -78,11 +81,12 @@ def test_a_root_written_by_the_previous_release_is_migrated_and_read(spark, lega
         sid: r["phash"] for sid, r in old_dedup.items()}
     assert {sid: r["dup_cluster_id"] for sid, r in dedup.items()} == {
         sid: r["dup_cluster_id"] for sid, r in old_dedup.items()}
-    assert out.detail("dedup").mode == "incremental" and out.detail("dedup").changed == 0
+    dedup_run = out.detail("dedup", DedupRun)
+    assert dedup_run.mode == "incremental" and dedup_run.changed == 0
     assert DedupTable(spark, cfg).state()[DEDUP_PARAMS] == dedup_params(cfg.dedup)
 
     # The export reads the new names: the kept, canonical rows (a/b are one cluster).
-    (exp,) = out.detail("export")
+    (exp,) = out.detail("export", ExportRun).exports
     assert exp.samples == 2
 
     # The old ledger's run is still listed, beside this run's stages.

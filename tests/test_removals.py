@@ -17,6 +17,8 @@ import pytest
 from conftest import files_holding, make_config, write_tar
 
 from etl import tables
+from etl.jobs.curate import CurateResult
+from etl.jobs.export import ExportRun
 from etl.schema import MANIFEST_SCHEMA, SOURCE_SCHEMA, sample_id_of
 
 NOW = datetime(2026, 11, 30, 12, 0, 0)
@@ -420,11 +422,11 @@ def test_records_that_leave_their_sources_leave_every_table_and_the_next_export(
     )
     paths = tables.layout(cfg)
     first = run_pipeline(cfg, only=("curate", "dedup", "export"))
-    assert first.detail("curate").curated_rows == 16
+    assert first.detail("curate", CurateResult).curated_rows == 16
     dedup = {r.sample_id: r for r in spark.read.format("delta").load(paths.dedup).collect()}
     p0, a0 = sample_id_of("photos", "p0.jpg"), sample_id_of("archive", "a0.jpg")
     assert dedup[p0].is_canonical and not dedup[a0].is_canonical
-    assert first.detail("export")[0].samples == 15  # a0 is p0's duplicate
+    assert first.detail("export", ExportRun).exports[0].samples == 15  # a0 is p0's duplicate
     secret = lance.dataset(paths.curated).to_table(
         filter=f"sample_id = '{sample_id_of('photos', 'p1.jpg')}'")["image"][0].as_py()
     old_version = lance.dataset(paths.curated).version
@@ -440,7 +442,7 @@ def test_records_that_leave_their_sources_leave_every_table_and_the_next_export(
     spark.sql(f"DELETE FROM delta.`{dl}` WHERE key = 'd2'")
 
     second = run_pipeline(cfg, only=("curate", "dedup", "export"))
-    cur = second.detail("curate")
+    cur = second.detail("curate", CurateResult)
     by = {c.source: c for c in cur.counts}
     assert {n: c.removed for n, c in by.items()} == {
         "photos": {"source_removed": 2}, "archive": {}, "tars": {"source_removed": 2},
@@ -483,7 +485,7 @@ def test_records_that_leave_their_sources_leave_every_table_and_the_next_export(
 
     # The export after: rebuilt without them (a0 now exported as canonical), manifest
     # counts them, verify-export agrees with the table.
-    (exp,) = second.detail("export")
+    (exp,) = second.detail("export", ExportRun).exports
     assert exp.samples == 10 and exp.resumed_partitions == 0
     out = json.loads(open(os.path.join(exp.path, "manifest.json")).read())
     assert out["removals"]["removed"] == 6
@@ -493,7 +495,8 @@ def test_records_that_leave_their_sources_leave_every_table_and_the_next_export(
 
     # A third run with nothing changed removes nothing and leaves the export as it is.
     third = run_pipeline(cfg, only=("curate", "export"))
-    assert all(not c.removed for c in third.detail("curate").counts)
-    assert third.detail("export")[0].resumed_partitions == 2
-    assert {c.source: c.removal_scan for c in third.detail("curate").counts}["dl"] == \
+    assert all(not c.removed for c in third.detail("curate", CurateResult).counts)
+    assert third.detail("export", ExportRun).exports[0].resumed_partitions == 2
+    third_counts = third.detail("curate", CurateResult).counts
+    assert {c.source: c.removal_scan for c in third_counts}["dl"] == \
         "change data feed"

@@ -17,10 +17,10 @@ from conftest import make_config
 from PIL import Image
 
 from etl import tables
-from etl.pipeline.outcome import RunOutcome
 from etl.report import data as report_data
 from etl.report import figures
 from etl.report.html import page
+from etl.runtime.outcome import RunOutcome
 
 ROWS = 6  # the first four kept, the last two flagged
 PARAMS = json.dumps({"backend": "transformers", "max_new_tokens": 32, "temperature": 1.0})

@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from etl.pipeline.outcome import RunOutcome
 from etl.report import figures, sheets
 from etl.report.data import DedupSummary, ReportData
 from etl.report.html import page
+from etl.runtime.outcome import RunOutcome
 
 HOSTILE = "Earn $100 #1 tip $5 <script>alert(1)</script> & $x^2$ \\frac{1}{0}"
 

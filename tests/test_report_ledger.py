@@ -17,6 +17,7 @@ from conftest import make_config
 from PIL import Image
 
 from etl import tables
+from etl.jobs.dedup import DedupRun
 from etl.ledger import read_runs
 from etl.sample_sources import FOLDER_BAD, FOLDER_FLAGGED, FOLDER_PHOTOS, TABLE_PHOTOS
 
@@ -237,7 +238,7 @@ def test_events_progress_and_job_groups(spark, finished_run):
     for stage in ("curate", "export"):  # caption: nothing to do, no Spark job
         assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-{stage}"), stage
     # dedup: a first run over a small curated table, planned in the driver.
-    assert out.detail("dedup").mode == "full (driver)"
+    assert out.detail("dedup", DedupRun).mode == "full (driver)"
     assert tracker.getJobIdsForGroup(f"lakeshard-{out.run_id}-dedup") == []
 
 

@@ -10,9 +10,11 @@ from datetime import datetime
 import pytest
 
 from etl.ledger import transition
-from etl.pipeline.summary import _count_line, _counts
+from etl.pipeline.summary import _counts
+from etl.report.console import count_line
 from etl.runtime.metrics import Metrics
-from etl.runtime.stage import StageResult
+from etl.runtime.outcome import RunOutcome
+from etl.runtime.stage import StageDetail, StageResult
 from etl.transforms.accounting import ALL_SOURCES, SourceCounts, stage_metrics
 
 A = SourceCounts("a", seen=6, accepted=3, rejected=2, reasons={"empty": 1, "undecodable": 1},
@@ -45,11 +47,11 @@ def test_a_tally_round_trips_through_json():
 
 
 def test_the_console_row_renders_the_tally():
-    assert _count_line(A) == (
+    assert count_line(A) == (
         f"{'a':<20} {6:>7} {3:>9} {2:>9} {1:>7} {1:>8} {4:>10} {2:>8}  "
         "empty=1, undecodable=1, too_small=1, taken_down=2")
-    assert _count_line(SourceCounts("c", 0, 0, 0)).endswith("  -")
-    assert _count_line(A + B, reasons=False) == (
+    assert count_line(SourceCounts("c", 0, 0, 0)).endswith("  -")
+    assert count_line(A + B, reasons=False) == (
         f"{'total':<20} {9:>7} {6:>9} {2:>9} {1:>7} {3:>8} {4:>10} {3:>8}")
 
 
@@ -100,3 +102,59 @@ def test_one_builder_for_a_transitions_ledger_row():
     assert transition(base, "caption", "failed", t, result=res, note="over")["note"] == "over"
     assert transition(base, "run", "running", t) == {
         **base, "stage": "run", "status": "running", "started_at": t}
+
+
+class _Head(StageDetail):
+    def summary_head(self) -> list[str]:
+        return ["where outputs landed"]
+
+    def summary_json(self) -> dict:
+        return {"curate": {"rows": 3}}
+
+    def source_rows(self) -> list[dict]:
+        return [{"source": "a", "seen": 1, "accepted": 1, "rejected": 0, "errors": 0,
+                 "flagged": 0, "removed": 0, "reasons": "", "unchanged": 5}]
+
+
+class _Section(StageDetail):
+    def summary_section(self) -> str:
+        return "a section\nof two lines"
+
+
+def test_each_result_renders_its_own_part_of_the_run_summary(tmp_path):
+    """The summary asks each stage's result what to show (its head lines, its section,
+    its summary.json entries, its report rows), in the order the stages ran; the base
+    shows nothing. No stage name is looked up."""
+    from etl.pipeline.summary import format_outcome, write_summary
+    from etl.report.data import run_tables
+
+    out = RunOutcome(run_id="r", stages=["curate", "dedup", "caption", "export"])
+    for name, detail in (("curate", _Head()), ("dedup", _Section()),
+                         ("caption", StageDetail())):
+        out.results[name] = StageResult(detail=detail, note="n" if name == "dedup" else None)
+        out.seconds[name] = 2.0
+    assert format_outcome(out).splitlines() == [
+        "lakeshard run r", "where outputs landed", "", "a section", "of two lines", "",
+        f"stage {'curate':<10} {2.0:8.1f} s", f"stage {'dedup':<10} {2.0:8.1f} s  (n)",
+        f"stage {'caption':<10} {2.0:8.1f} s", f"stage {'export':<10} {'skipped':>10}"]
+    summary = json.load(open(write_summary(out, str(tmp_path))))
+    assert (summary["curate"], summary["exports"]) == ({"rows": 3}, [])
+    assert list(summary)[:7] == ["run_id", "status", "failed_stage", "failure", "events",
+                                 "curate", "exports"]
+    run_rows, stage_rows, _ = run_tables(out)
+    assert run_rows == [{"source": "a", "seen": 1, "accepted": 1, "rejected": 0, "errors": 0,
+                         "flagged": 0, "removed": 0, "reasons": ""}]
+    assert [r["stage"] for r in stage_rows] == ["curate", "dedup", "caption"]
+
+
+def test_a_runs_result_objects_are_typed_by_the_caller():
+    out = RunOutcome(run_id="r", stages=["curate", "dedup"])
+    out.results["curate"] = StageResult(detail=_Head())
+    out.results["dedup"] = StageResult(note="disabled")
+    assert isinstance(out.detail("curate", _Head), _Head)
+    assert out.detail("dedup", _Section) is None and out.detail("caption", _Head) is None
+    with pytest.raises(TypeError, match="stage 'curate' returned a _Head, not a _Section"):
+        out.detail("curate", _Section)
+    assert out.details() == [out.results["curate"].detail]
+    with pytest.raises(RuntimeError, match="no result object .disabled."):
+        out.results["dedup"].made()

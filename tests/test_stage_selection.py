@@ -1,6 +1,6 @@
 """The stage registry: what `--only`/`--skip`/`run.stages` select, always in the
 registry's order, an unknown name refused with the flag that named it, and every
-registered stage importable."""
+registered stage a function."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ def test_stage_selection_keeps_registry_order():
     assert pick(("curate",), only=("export",)) == ["export"]
     with pytest.raises(ValueError, match="--skip: unknown stage 'dedupe'"):
         STAGES.select(None, skip=("dedupe",))
-    for stage in STAGES:  # every registered target imports and is callable
-        assert callable(stage.load())
+    for stage in STAGES:  # every registered stage is a function
+        assert callable(stage.run)
 
 
 def test_a_stages_warm_imports_run_on_a_thread_and_leave_failures_to_the_importer():
@@ -32,8 +32,8 @@ def test_a_stages_warm_imports_run_on_a_thread_and_leave_failures_to_the_importe
 
     from etl.pipeline.stages import STAGES
 
-    assert STAGES.get("export").load_warm().__name__ == "warm"
-    assert STAGES.get("curate").load_warm() is None
+    assert STAGES.get("export").warm.__name__ == "warm"
+    assert STAGES.get("curate").warm is None
     code = """
 import sys, threading
 from etl.runtime.warm import import_in_background

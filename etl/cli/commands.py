@@ -104,7 +104,7 @@ def _stage_command(stage: Stage, cfg: Config, opts: Any, run_id: str | None) -> 
     when it is over its failure budget (what it did is committed), before the error."""
     from etl.pipeline.runner import run_command
 
-    render = stage.load_render()
+    render = stage.printer()
     try:
         out = run_command(cfg, stage.name, opts, run_id=run_id)
     except BudgetExceededError as exc:
@@ -143,7 +143,7 @@ def _registered() -> list[Command]:
                    else functools.partial(_pipeline_stage, stage.name))
         run, options = special.get(stage.name, (default, None))
         out.append(Command(stage.name, stage.description, run,
-                           options or stage.load_options(), stage.details,
+                           options or stage.options, stage.details,
                            changes_tables=True))
     return out
 

@@ -29,7 +29,7 @@ from etl.columns import caption_columns
 from etl.config import CaptionVersionConfig, Config
 from etl.errors import ConfigError
 from etl.runtime.options import flag, positive
-from etl.runtime.stage import Metrics, RowTally, RunContext, StageResult
+from etl.runtime.stage import Metrics, RowTally, RunContext, StageDetail, StageResult
 from etl.tiny_vlm import TINY_MODEL, ensure_tiny_vlm
 from etl.writers.lance import FRAGMENT_ID, ROW_ADDRESS, lance_reader
 from etl.writers.lance_columns import write_columns
@@ -142,7 +142,7 @@ def plan_caption(cfg: Config, name: str | None = None, *, force: bool = False) -
 
 
 @dataclass(frozen=True)
-class CaptionResult:
+class CaptionResult(StageDetail):
     version: str
     column: str
     model: str
@@ -170,6 +170,10 @@ class CaptionResult:
     worker_reuse: bool = True  # spark.python.worker.reuse
     seconds: float = 0.0
     bytes_written: int = 0
+
+    def summary_section(self) -> str | None:
+        """What captioning did, in the run's summary when there were rows to do."""
+        return format_caption(self) if self.todo else None
 
 
 def _gpu_share(spark: SparkSession, v: CaptionVersionConfig) -> float:
@@ -433,7 +437,7 @@ class CaptionOptions:
     limit: int | None = flag(None, "caption at most N rows", type=positive)
 
 
-def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult[CaptionResult]:
     """A caption version (the default one, or the command's) for rows lacking it.
 
     Its failure budget (``run.budgets.failed_rate.caption``, checked by the runner) is on
@@ -473,7 +477,7 @@ def check(cfg: Config, ctx: RunContext) -> None:
         caption_spec(cfg, cfg.caption.version(name))
 
 
-def render(cfg: Config, opts: CaptionOptions, result: StageResult) -> str:
+def render(cfg: Config, opts: CaptionOptions, result: StageResult[CaptionResult]) -> str:
     """What `lakeshard caption` prints -- and the version's caption report, written here
     (``<root>/reports/caption-…``) so that the line naming it is true."""
     if result.detail is None:  # no caption versions configured

@@ -26,8 +26,9 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
@@ -48,9 +49,10 @@ from etl.lakehouse.maintenance import (
     run_due_purges,
 )
 from etl.lakehouse.source_diff import Diff, Removals
+from etl.report.console import accounting_lines
 from etl.runtime.faults import fault_point
 from etl.runtime.progress import event
-from etl.runtime.stage import RowTally, RunContext, StageResult
+from etl.runtime.stage import RowTally, RunContext, StageDetail, StageResult
 from etl.schema import UPSTREAM_COLUMNS
 from etl.sources.listing import one_listing
 from etl.transforms.accounting import (
@@ -85,7 +87,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class CurateResult:
+class CurateResult(StageDetail):
+    """What a night of curate did: the tables it left and the accounting per source."""
+
     curated_path: str
     curated_version: int
     curated_rows: int
@@ -99,6 +103,25 @@ class CurateResult:
     source_versions: dict[str, int] | None = None
     # A few failed records (internal errors first), for the failure budgets' messages.
     examples: tuple[str, ...] = ()
+
+    def summary_head(self) -> list[str]:
+        """The accounting table, then where curate's tables are."""
+        return [
+            *accounting_lines(self.counts, self.purge, self.examples),
+            "",
+            f"curated (Lance) : {self.curated_path}  version {self.curated_version}, "
+            f"{self.curated_rows} rows",
+            f"rejects (Delta) : {self.rejects_path}",
+            f"manifest (Delta): {self.manifest_path}",
+            f"accounting      : {self.accounting_path}  (Delta; one row per run, source, "
+            "outcome, reason)",
+        ]
+
+    def summary_json(self) -> dict[str, Any]:
+        return {"curate": asdict(self)}
+
+    def source_rows(self) -> list[dict[str, Any]]:
+        return [dict(c.row()) for c in self.counts]
 
 
 def _replace_changed(spark: SparkSession, cfg: Config, ids: DataFrame, count: int) -> int:
@@ -467,7 +490,8 @@ def _night(spark: SparkSession, cfg: Config, run_id: str,
     return _result(cat, ds, counts, purge, removals.source_versions, prep.examples)
 
 
-def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext
+          ) -> StageResult[CurateResult]:
     """ingest + prepare + write: sources -> Lance `curated` + Delta `rejects`; records
     the sources no longer list out of every table."""
     cur = curate(spark, cfg, ctx.run_id, ctx.changes_ahead)

@@ -11,7 +11,7 @@ and writes it; this module is the stage and what it prints.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from pyspark.sql import SparkSession
 
@@ -19,11 +19,11 @@ from etl import tables
 from etl.config import Config
 from etl.lakehouse.dedup_table import DedupResult, DedupTable, SourceDedup
 from etl.runtime.options import flag
-from etl.runtime.stage import Metrics, RunContext, StageResult
+from etl.runtime.stage import Metrics, RunContext, StageDetail, StageResult
 
 __all__ = [
-    "SourceDedup", "DedupResult", "dedup", "format_dedup", "DedupOptions", "stage", "check",
-    "render",
+    "SourceDedup", "DedupResult", "DedupRun", "dedup", "format_dedup", "DedupOptions", "stage",
+    "check", "render",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,13 +56,26 @@ def format_dedup(res: DedupResult) -> str:
 
 
 @dataclass(frozen=True)
+class DedupRun(DedupResult, StageDetail):
+    """What the stage did to the dedup table (:meth:`DedupTable.update`'s result), and
+    how the run's summary shows it."""
+
+    @classmethod
+    def of(cls, res: DedupResult) -> DedupRun:
+        return cls(**{f.name: getattr(res, f.name) for f in fields(res)})
+
+    def summary_section(self) -> str:
+        return format_dedup(self)
+
+
+@dataclass(frozen=True)
 class DedupOptions:
     """`lakeshard dedup`'s flags."""
 
     full: bool = flag(False, "recompare every row (default: new rows against everything)")
 
 
-def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult[DedupRun]:
     """exact + near duplicates of the curated table -> Delta `dedup` (new rows only)."""
     if not cfg.dedup.enabled and not ctx.command:
         return StageResult(note="disabled (dedup.enabled: false)")
@@ -77,7 +90,8 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     return StageResult(
         inputs={"new_rows": res.new_rows}, outputs=outputs,
         table_versions={"delta:dedup": res.version},
-        note="up to date" if res.new_rows == 0 and res.changed == 0 else None, detail=res,
+        note="up to date" if res.new_rows == 0 and res.changed == 0 else None,
+        detail=DedupRun.of(res),
     )
 
 
@@ -87,6 +101,6 @@ def check(cfg: Config, ctx: RunContext) -> None:
         tables.open_curated(cfg)
 
 
-def render(cfg: Config, opts: DedupOptions, result: StageResult) -> str:
+def render(cfg: Config, opts: DedupOptions, result: StageResult[DedupRun]) -> str:
     """What `lakeshard dedup` prints."""
-    return format_dedup(result.detail)
+    return format_dedup(result.made())

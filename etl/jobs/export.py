@@ -12,7 +12,7 @@ a takedown names is left out even if a run died before deleting it from the tabl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -28,7 +28,7 @@ from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 from etl.lakehouse.derived import DerivedState
 from etl.ledger import code_version
-from etl.runtime.stage import Metrics, RunContext, StageResult
+from etl.runtime.stage import Metrics, RunContext, StageDetail, StageResult
 from etl.transforms.export import (
     export_columns,
     export_rows,
@@ -39,13 +39,14 @@ from etl.writers.lance import ROW_ADDRESS, lance_reader, read_local_table
 from etl.writers.mds import (
     BlobSource,
     ExportResult,
+    ExportSettings,
     export_mds,
     mds_encoding,
     read_manifest,
     warm_for,
 )
 
-__all__ = ["export", "stage"]
+__all__ = ["ExportRun", "export", "stage"]
 
 
 def _removals(spark: SparkSession, cfg: Config) -> dict:
@@ -288,21 +289,21 @@ def _write(cfg: Config, name: str, exp, cols: _Columns, curated: _Curated,
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
         if f.name not in (ROW_ADDRESS, "_identity") and f.name not in cols.encodings:
             mds_encoding(f.dataType, f.name)
-    result = export_mds(
-        rows, tables.export_path(cfg, name), partitions=exp.partitions,
-        size_limit=exp.size_limit, compression=exp.compression, hashes=exp.hashes,
-        seed=exp.seed, blobs=BlobSource(paths.curated, version, cols.fetched),
-        buckets=exp.buckets, jpeg_quality=cfg.prepare.jpeg_quality,
-        encodings=cols.encodings or None,
+    settings = ExportSettings(
+        partitions=exp.partitions, size_limit=exp.size_limit, compression=exp.compression,
+        hashes=exp.hashes, seed=exp.seed,
         manifest={"name": name, "table": paths.curated, "where": exp.where,
                   "sources": dict(cols.mapping)},
         # What changes with the table's content: an incremental export diffs rows when
         # only this changed since the export in place.
         lineage={"table_version": version, "dedup": chosen.dedup,
                  "removals": chosen.removals},
+        blobs=BlobSource(paths.curated, version, cols.fetched), buckets=exp.buckets,
+        jpeg_quality=cfg.prepare.jpeg_quality, encodings=cols.encodings,
         incremental=exp.incremental, identity="_identity" if cols.identity else None,
         held=cols.held,
     )
+    result = export_mds(rows, tables.export_path(cfg, name), settings)
     if result.samples != chosen.expected:
         raise RuntimeError(
             f"export {name!r} has {result.samples} samples, the table has "
@@ -382,10 +383,37 @@ def _names(cfg: Config, ctx: RunContext) -> tuple[str, ...]:
     return ctx.export_names if ctx.export_names is not None else tuple(cfg.exports)
 
 
-def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+@dataclass(frozen=True)
+class ExportRun(StageDetail):
+    """The exports one run of the stage wrote (or found up to date), in order."""
+
+    exports: tuple[ExportResult, ...] = ()
+
+    def summary_head(self) -> list[str]:
+        """One line per export: where it is, what it holds, what was reused."""
+        return [_summary_line(e) for e in self.exports]
+
+    def summary_json(self) -> dict[str, Any]:
+        return {"exports": [asdict(e) for e in self.exports]}
+
+
+def _summary_line(e: ExportResult) -> str:
+    resumed = ""
+    if e.unchanged:
+        resumed = ", up to date"
+    elif e.kept_partitions:
+        resumed = f", {e.kept_partitions} partition(s) kept as they were"
+    elif e.resumed_partitions:
+        resumed = f", {e.resumed_partitions} partition(s) reused"
+    return (f"export (MDS)    : {e.path}  {e.samples} samples in {e.shards} shard(s), "
+            f"{e.bytes / 1e6:.2f} MB{resumed}")
+
+
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult[ExportRun]:
     """curated Lance table -> every (or the chosen) MDS export."""
     names = _names(cfg, ctx)
-    results, manifests = [], {}
+    results: list[ExportResult] = []
+    manifests: dict[str, dict] = {}
     rows: dict[str, int] = {}
     outputs: dict[str, int] = {"samples": 0, "shards": 0, "bytes": 0}
     up_to_date = 0
@@ -417,4 +445,4 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
     note = "up to date" if names and up_to_date == len(names) else "; ".join(increments) or None
     return StageResult(inputs=Metrics(by={"rows": rows}),
                        outputs=Metrics(outputs, by={"samples": rows}), manifests=manifests,
-                       note=note, detail=results)
+                       note=note, detail=ExportRun(tuple(results)))

@@ -53,7 +53,7 @@ from etl.lakehouse.maintenance import (
 from etl.report import scrub_reports
 from etl.runtime.faults import fault_point
 from etl.runtime.options import flag, options_from
-from etl.runtime.stage import Metrics, RunContext, StageResult
+from etl.runtime.stage import Metrics, RunContext, StageDetail, StageResult
 from etl.schema import TAKEDOWNS_SCHEMA, sample_id_of
 from etl.transforms.accounting import removal_rows
 from etl.transforms.bronze import (
@@ -109,7 +109,7 @@ class TakedownRequest:
 
 
 @dataclass(frozen=True)
-class ForgetResult:
+class ForgetResult(StageDetail):
     request_id: str
     identifiers: int
     dry_run: bool
@@ -434,7 +434,7 @@ class ForgetOptions:
     dry_run: bool = flag(False, "list what the request matches; change nothing")
 
 
-def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult[ForgetResult]:
     """A takedown request out of every table (see the module docstring)."""
     opts = ctx.options_for(ForgetOptions)
     res = forget(spark, cfg, ctx.run_id, parse_request(opts), dry_run=opts.dry_run)
@@ -459,6 +459,6 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
                        table_versions=versions, note=note, detail=res)
 
 
-def render(cfg: Config, opts: ForgetOptions, result: StageResult) -> str:
+def render(cfg: Config, opts: ForgetOptions, result: StageResult[ForgetResult]) -> str:
     """What `lakeshard forget` prints."""
-    return format_forget(result.detail)
+    return format_forget(result.made())

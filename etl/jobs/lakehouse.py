@@ -13,15 +13,16 @@ from pyspark.sql import SparkSession
 from etl import tables
 from etl.config import Config
 from etl.errors import ConfigError
-from etl.lakehouse.embeddings import embed_captions
-from etl.lakehouse.features import add_features, feature
+from etl.lakehouse.embeddings import EmbedResult, embed_captions
+from etl.lakehouse.features import FeatureResult, add_features, feature
 from etl.lakehouse.indexes import ensure_scalar_indexes
-from etl.lakehouse.maintenance import compact
+from etl.lakehouse.maintenance import CompactResult, compact
 from etl.runtime.options import flag
-from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.stage import RunContext, StageDetail, StageResult
 
 __all__ = [
-    "FeaturesOptions", "EmbedOptions", "check_features", "require_curated", "features_stage",
+    "FeaturesAdded", "Embedded", "Compacted", "FeaturesOptions", "EmbedOptions",
+    "check_features", "require_curated", "features_stage",
     "embed_stage", "compact_stage", "render_features", "render_embed", "render_compact",
 ]
 
@@ -43,6 +44,27 @@ class EmbedOptions:
     all: bool = flag(False, "re-embed every caption, not only new")
 
 
+@dataclass(frozen=True)
+class FeaturesAdded(StageDetail):
+    """What `lakeshard features add` wrote."""
+
+    result: FeatureResult
+
+
+@dataclass(frozen=True)
+class Embedded(StageDetail):
+    """What `lakeshard embed` wrote."""
+
+    result: EmbedResult
+
+
+@dataclass(frozen=True)
+class Compacted(StageDetail):
+    """What `lakeshard compact` rewrote and removed."""
+
+    result: CompactResult
+
+
 def check_features(cfg: Config, ctx: RunContext) -> None:
     """Before Spark: at least one known feature, and a curated table to add it to."""
     names = ctx.options_for(FeaturesOptions).names
@@ -53,29 +75,33 @@ def check_features(cfg: Config, ctx: RunContext) -> None:
     tables.open_curated(cfg)
 
 
-def features_stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+def features_stage(spark: SparkSession, cfg: Config, ctx: RunContext
+                   ) -> StageResult[FeaturesAdded]:
     opts = ctx.options_for(FeaturesOptions)
     res = add_features(spark, tables.layout(cfg).curated, list(opts.names),
                        only_missing=opts.only_missing)
     return StageResult(outputs={"rows": res.rows, "bytes": res.bytes_written},
-                       table_versions={"lance:curated": res.version}, detail=res)
+                       table_versions={"lance:curated": res.version},
+                       detail=FeaturesAdded(res))
 
 
-def embed_stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+def embed_stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult[Embedded]:
     res = embed_captions(spark, tables.layout(cfg).curated, cfg.lakehouse.embedding,
                          only_missing=not ctx.options_for(EmbedOptions).all)
     return StageResult(outputs={"rows": res.rows, "bytes": res.bytes_written},
-                       table_versions={"lance:curated": res.version}, detail=res)
+                       table_versions={"lance:curated": res.version}, detail=Embedded(res))
 
 
-def compact_stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+def compact_stage(spark: SparkSession, cfg: Config, ctx: RunContext
+                  ) -> StageResult[Compacted]:
     path = tables.layout(cfg).curated
     res = compact(path, cfg.lakehouse)
     ensure_scalar_indexes(path, cfg.lakehouse.scalar_indexes)
     return StageResult(
         outputs={"fragments": res.fragments_after, "versions_removed": res.versions_removed,
                  "bytes_removed": res.bytes_removed},
-        table_versions={"lance:curated": tables.open_curated(cfg).version}, detail=res,
+        table_versions={"lance:curated": tables.open_curated(cfg).version},
+        detail=Compacted(res),
     )
 
 
@@ -84,9 +110,10 @@ def require_curated(cfg: Config, ctx: RunContext) -> None:
     tables.open_curated(cfg)
 
 
-def render_features(cfg: Config, opts: FeaturesOptions, result: StageResult) -> str:
+def render_features(cfg: Config, opts: FeaturesOptions,
+                    result: StageResult[FeaturesAdded]) -> str:
     """What `lakeshard features add` prints."""
-    r = result.detail
+    r = result.made().result
     return (
         f"{', '.join(r.names)}: {r.rows} rows -> version {r.version}; "
         f"wrote {r.bytes_written} bytes = {r.ratio:.5f} of the table's {r.table_bytes} "
@@ -94,9 +121,9 @@ def render_features(cfg: Config, opts: FeaturesOptions, result: StageResult) -> 
     )
 
 
-def render_embed(cfg: Config, opts: EmbedOptions, result: StageResult) -> str:
+def render_embed(cfg: Config, opts: EmbedOptions, result: StageResult[Embedded]) -> str:
     """What `lakeshard embed` prints."""
-    r = result.detail
+    r = result.made().result
     return (
         f"{cfg.lakehouse.embedding.column}: embedded {r.rows} captions in {r.fragments} "
         f"fragment(s), {r.bytes_written} bytes written; vector index "
@@ -104,9 +131,9 @@ def render_embed(cfg: Config, opts: EmbedOptions, result: StageResult) -> str:
     )
 
 
-def render_compact(cfg: Config, opts: None, result: StageResult) -> str:
+def render_compact(cfg: Config, opts: None, result: StageResult[Compacted]) -> str:
     """What `lakeshard compact` prints."""
-    r = result.detail
+    r = result.made().result
     return (
         f"{tables.layout(cfg).curated}: {r.fragments_before} -> {r.fragments_after} "
         f"fragment(s) ({r.fragments_rewritten} rewritten); version {r.version_before} -> "

@@ -37,7 +37,7 @@ from etl.columns import LATENT_META, latent_columns, table_latents
 from etl.config import Config, LatentEncoderConfig
 from etl.errors import ConfigError
 from etl.runtime.options import flag
-from etl.runtime.stage import RunContext, StageResult
+from etl.runtime.stage import RunContext, StageDetail, StageResult
 from etl.writers.lance import FRAGMENT_ID, lance_reader
 from etl.writers.lance_columns import drop_columns, ensure_columns, write_columns
 from udfs.latents import (
@@ -52,6 +52,7 @@ from udfs.worker import GPU_SCHEDULING, python_worker_pool
 __all__ = [
     "CaptionLatents",
     "LatentsResult",
+    "LatentsDropped",
     "compute_latents",
     "drop_latents",
     "format_latents",
@@ -78,7 +79,9 @@ class CaptionLatents:
 
 
 @dataclass(frozen=True)
-class LatentsResult:
+class LatentsResult(StageDetail):
+    """What `lakeshard latents --encoder NAME` computed."""
+
     encoder: str
     table: str
     version: int
@@ -280,6 +283,15 @@ def format_latents(res: LatentsResult) -> str:
 
 
 @dataclass(frozen=True)
+class LatentsDropped(StageDetail):
+    """What `lakeshard latents --encoder NAME --drop` did: the table version it left and
+    the columns it dropped (none: the encoder had none)."""
+
+    version: int
+    columns: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class LatentsOptions:
     """`lakeshard latents`'s flags: compute (or recompute) one encoder's latents, or drop
     its columns."""
@@ -289,7 +301,8 @@ class LatentsOptions:
     drop: bool = flag(False, "drop this encoder's columns", group="what")
 
 
-def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
+def stage(spark: SparkSession, cfg: Config, ctx: RunContext
+          ) -> StageResult[LatentsResult | LatentsDropped]:
     """`lakeshard latents --encoder NAME [--recompute | --drop]`."""
     opts = ctx.options_for(LatentsOptions)
     name = opts.encoder
@@ -297,7 +310,7 @@ def stage(spark: SparkSession, cfg: Config, ctx: RunContext) -> StageResult:
         version, columns = drop_latents(cfg, name)
         return StageResult(outputs={"dropped_columns": len(columns)},
                            table_versions={"lance:curated": version},
-                           detail=(version, columns))
+                           detail=LatentsDropped(version, tuple(columns)))
     res = compute_latents(spark, cfg, name, recompute=opts.recompute)
     return StageResult(
         inputs={"rows": res.captions[0].rows if res.captions else 0},
@@ -316,11 +329,12 @@ def check(cfg: Config, ctx: RunContext) -> None:
         _check(cfg, name, tables.open_curated(cfg).schema)
 
 
-def render(cfg: Config, opts: LatentsOptions, result: StageResult) -> str:
+def render(cfg: Config, opts: LatentsOptions,
+           result: StageResult[LatentsResult | LatentsDropped]) -> str:
     """What `lakeshard latents` prints: the latents computed, or the columns dropped."""
-    if not opts.drop:
-        return format_latents(result.detail)
-    version, columns = result.detail
-    if not columns:
+    done = result.made()
+    if isinstance(done, LatentsResult):
+        return format_latents(done)
+    if not done.columns:
         return f"latents {opts.encoder}: none in the curated table; nothing dropped"
-    return f"latents {opts.encoder}: dropped {', '.join(columns)} (version {version})"
+    return f"latents {opts.encoder}: dropped {', '.join(done.columns)} (version {done.version})"

@@ -2,9 +2,9 @@
 
 :func:`check_config` checks the parsed config against the registries (source kinds,
 stage names in ``run.stages`` and ``run.budgets``, writable export targets) -- the part
-of validation that config itself must not import. The stage checks
-(:func:`check_sources`, :func:`check_exports`, and the ones the jobs register) look at
-the inputs: sample sources built, paths and columns there, export names known.
+of validation that config itself must not import. The stages' own checks (registered
+with each stage: :mod:`etl.pipeline.checks`, the jobs' ``check``) look at the inputs:
+sample sources built, paths and columns there, export names known.
 """
 
 from __future__ import annotations
@@ -15,17 +15,10 @@ from urllib.parse import urlparse
 from etl.config import Config
 from etl.errors import ConfigError
 from etl.pipeline.stages import COMMANDS, STAGES
-from etl.runtime.stage import RunContext
-from etl.sample_sources import ensure_samples
-from etl.sources import SOURCE_KINDS, adapter_for
+from etl.sources import SOURCE_KINDS
 from etl.writers.remote import REMOTE_SCHEMES
 
-__all__ = [
-    "check_config",
-    "check_run_id",
-    "check_sources",
-    "check_exports",
-]
+__all__ = ["check_config", "check_run_id"]
 
 _RUN_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
@@ -70,16 +63,3 @@ def check_run_id(run_id: str | None) -> None:
     if run_id is not None and not _RUN_ID_RE.fullmatch(run_id):
         raise ConfigError(f"--run-id: {run_id!r} is not a valid run id (letters, digits, "
                           "'.', '_', '-'; it names the report folder)")
-
-
-def check_sources(cfg: Config, ctx: RunContext | None = None) -> None:
-    """Sample sources built; every source's inputs there (paths, mapped columns)."""
-    ensure_samples(cfg)
-    for src in cfg.sources:
-        adapter_for(src.kind).check_inputs(src)
-
-
-def check_exports(cfg: Config, ctx: RunContext) -> None:
-    """The exports named on the command line exist."""
-    for name in ctx.export_names or ():
-        cfg.export(name)

@@ -38,12 +38,12 @@ from etl.config import Config
 from etl.errors import BudgetExceededError, ConfigError
 from etl.migrations import migrate
 from etl.pipeline.budgets import BudgetBreach, check_budget
-from etl.pipeline.outcome import RunOutcome
 from etl.pipeline.preflight import check_run_id
 from etl.pipeline.stages import COMMANDS, STAGES, Stage
 from etl.pipeline.summary import write_summary
 from etl.runtime.faults import arm, fault_point
 from etl.runtime.lock import RunLock
+from etl.runtime.outcome import RunOutcome
 from etl.runtime.progress import EventsFile, StageProgress, console_mode, event, say
 from etl.runtime.stage import RunContext, StageResult
 from etl.runtime.warm import import_in_background
@@ -107,9 +107,8 @@ def run_stages(
     ctx = RunContext(run_id=run_id or new_run_id(), export_names=export_names,
                      options=options, continued=run_id is not None, command=command)
     for stage in stages:
-        check = stage.load_check()
-        if check is not None:
-            check(cfg, ctx)
+        if stage.check is not None:
+            stage.check(cfg, ctx)
     run_id = ctx.run_id
     arm()
     out = RunOutcome(run_id=run_id, stages=names)
@@ -307,7 +306,7 @@ def _warm(cfg: Config, stages: list[Stage], ctx: RunContext, report: bool) -> No
     if report:
         import_in_background("etl.report.figures", "etl.report.html",
                              name="lakeshard-report-import")
-    warms = [w for w in (s.load_warm() for s in stages) if w is not None]
+    warms = [s.warm for s in stages if s.warm is not None]
 
     def start() -> None:
         for warm in warms:
@@ -347,7 +346,7 @@ def _call_stage(spark, cfg: Config, ctx: RunContext, stage: Stage) -> StageResul
         fault_point(f"{stage.name}:start")
         with StageProgress(spark, ctx.run_id, stage.name,
                            interval_s=cfg.run.progress_interval_s):
-            return stage.load()(spark, cfg, ctx)
+            return stage.run(spark, cfg, ctx)
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setJobDescription(None)

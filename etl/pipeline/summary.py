@@ -1,93 +1,35 @@
-"""What a run prints and leaves: the per-source table, one line per stage, the ledger
-listing (`lakeshard runs`), and ``summary.json``."""
+"""What a run prints and leaves: what each stage's result shows of itself
+(:class:`~etl.runtime.stage.StageDetail`), one line per stage, the ledger listing
+(`lakeshard runs`), and ``summary.json``."""
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict
 
-from etl.jobs.caption import format_caption
-from etl.jobs.curate import CurateResult
-from etl.jobs.dedup import format_dedup
-from etl.pipeline.outcome import RunOutcome
 from etl.pipeline.stages import STAGES
 from etl.runtime.metrics import Metrics
-from etl.transforms.accounting import ALL_SOURCES, SourceCounts
+from etl.runtime.outcome import RunOutcome
 
-__all__ = ["format_summary", "format_outcome", "format_runs", "write_summary"]
+__all__ = ["format_outcome", "format_runs", "write_summary"]
 
-
-def _count_line(c: SourceCounts, *, reasons: bool = True) -> str:
-    """One row of the accounting table (the total row without reasons)."""
-    r = c.row()
-    line = (f"{r['source']:<20} {r['seen']:>7} {r['accepted']:>9} {r['rejected']:>9} "
-            f"{r['errors']:>7} {r['flagged']:>8} {r['unchanged']:>10} {r['removed']:>8}")
-    return line + (f"  {r['reasons'] or '-'}" if reasons else "")
-
-
-def format_summary(run_id: str, cur: CurateResult | None, exports: list) -> str:
-    """The run's header, the per-source accounting table and where outputs landed."""
-    lines = [f"lakeshard run {run_id}"]
-    if cur is not None:
-        header = (
-            f"{'source':<20} {'seen':>7} {'accepted':>9} {'rejected':>9} {'errors':>7} "
-            f"{'flagged':>8} {'unchanged':>10} {'removed':>8}  "
-            "reasons (rejected; flagged; removed)"
-        )
-        lines += ["", header, "-" * len(header)]
-        total = sum(cur.counts, SourceCounts(ALL_SOURCES, 0, 0, 0))
-        lines += [_count_line(c) for c in cur.counts]
-        lines.append(_count_line(total, reasons=False))
-        for c in cur.counts:
-            if c.removal_scan and c.removal_scan.startswith("deferred"):
-                lines.append(f"removals of {c.source} {c.removal_scan}")
-        if cur.purge is not None:
-            p = cur.purge
-            lines.append(
-                "removed rows' bytes: gone from storage" if p.done else
-                f"removed rows' bytes: held by curated versions before {p.version} until "
-                f"{p.due:%Y-%m-%d %H:%M} UTC (lakehouse.removal_retention_hours)"
-            )
-        if total.internal_errors:
-            lines += ["", f"errors          : {total.internal_errors} record(s) failed on "
-                      "an exception in lakeshard's own code, not on bad data (rejects "
-                      "table, reason internal_error, detail = the exception); the next run "
-                      "retries them"]
-            lines += [f"  {e}" for e in cur.examples if " internal_error" in e]
-        lines += [
-            "",
-            f"curated (Lance) : {cur.curated_path}  version {cur.curated_version}, "
-            f"{cur.curated_rows} rows",
-            f"rejects (Delta) : {cur.rejects_path}",
-            f"manifest (Delta): {cur.manifest_path}",
-            f"accounting      : {cur.accounting_path}  (Delta; one row per run, source, "
-            "outcome, reason)",
-        ]
-    for e in exports:
-        resumed = ""
-        if e.unchanged:
-            resumed = ", up to date"
-        elif e.kept_partitions:
-            resumed = f", {e.kept_partitions} partition(s) kept as they were"
-        elif e.resumed_partitions:
-            resumed = f", {e.resumed_partitions} partition(s) reused"
-        lines.append(
-            f"export (MDS)    : {e.path}  {e.samples} samples in {e.shards} shard(s), "
-            f"{e.bytes / 1e6:.2f} MB{resumed}"
-        )
-    return "\n".join(lines)
+# summary.json's entries for stage results, there (null, empty) also when the stage did
+# not run: the document's shape. Each result fills its own (StageDetail.summary_json).
+_STAGE_ENTRIES: dict[str, object] = {"curate": None, "exports": []}
 
 
 def format_outcome(out: RunOutcome) -> str:
-    """The summary table, dedup and caption summaries, one line per stage (time,
-    note), and the report's path."""
-    lines = [format_summary(out.run_id, out.detail("curate"), out.detail("export") or []), ""]
-    if out.detail("dedup") is not None:
-        lines += [format_dedup(out.detail("dedup")), ""]
-    cap = out.detail("caption")
-    if cap is not None and cap.todo:
-        lines += [format_caption(cap), ""]
+    """The run's first line, what each stage's result shows under it (the accounting
+    table, where outputs landed), each result's own section (dedup, caption), one line
+    per stage (time, note), and the report's path."""
+    details = out.details()
+    lines = [f"lakeshard run {out.run_id}"]
+    lines += [line for d in details for line in d.summary_head()]
+    lines.append("")
+    for d in details:
+        section = d.summary_section()
+        if section is not None:
+            lines += [section, ""]
     for name in STAGES.names():
         if name == out.failed_stage:
             secs = f"{out.seconds[name]:8.1f} s" if name in out.seconds else f"{'':>10}"
@@ -116,28 +58,16 @@ def write_summary(out: RunOutcome, out_dir: str) -> str:
     """``<out_dir>/summary.json``: the run's accounting, outputs and timings."""
     os.makedirs(out_dir, exist_ok=True)
     path = os.path.join(out_dir, "summary.json")
-    cur = out.detail("curate")
+    doc = {"run_id": out.run_id, "status": out.status, "failed_stage": out.failed_stage,
+           "failure": out.failure, "events": out.events, **_STAGE_ENTRIES}
+    for d in out.details():
+        doc.update(d.summary_json())
+    doc.update({"stages": out.stages, "seconds": out.seconds, "report": out.report,
+                "report_error": out.report_error, "recovered_run": out.recovered_run,
+                "migrated": out.migrated})
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(
-            {
-                "run_id": out.run_id,
-                "status": out.status,
-                "failed_stage": out.failed_stage,
-                "failure": out.failure,
-                "events": out.events,
-                "curate": asdict(cur) if cur else None,
-                "exports": [asdict(e) for e in out.detail("export") or []],
-                "stages": out.stages,
-                "seconds": out.seconds,
-                "report": out.report,
-                "report_error": out.report_error,
-                "recovered_run": out.recovered_run,
-                "migrated": out.migrated,
-            },
-            f,
-            indent=2,
-            default=str,  # datetimes (when removed rows' bytes are purged)
-        )
+        # default=str: datetimes (when removed rows' bytes are purged)
+        json.dump(doc, f, indent=2, default=str)
     return path
 
 

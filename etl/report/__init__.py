@@ -32,7 +32,6 @@ the report.
 from __future__ import annotations
 
 import os
-from typing import Any
 
 from etl import tables
 from etl.config import Config
@@ -45,13 +44,14 @@ from etl.report.data import (
     read_report,
 )
 from etl.report.layout import INDEX, scrub_reports, write_meta
+from etl.runtime.outcome import RunOutcome
 
 __all__ = ["write_report", "scrub_reports", "caption_versions", "dedup_summary",
            "DedupSummary", "LABEL_CHARS"]
 
 
-def write_report(spark, cfg: Config, outcome: Any, out_dir: str | None = None) -> str:
-    """Write the report of `outcome` (an :class:`etl.pipeline.outcome.RunOutcome`) into `out_dir`
+def write_report(spark, cfg: Config, outcome: RunOutcome, out_dir: str | None = None) -> str:
+    """Write the report of the run `outcome` into `out_dir`
     (default ``<root>/reports/<run_id>``, a local path); returns its index.html. Every
     figure is drawn with source text as plain text."""
     import matplotlib
@@ -76,8 +76,8 @@ def _meta(data: ReportData, drawn, dedup: dict | None) -> dict:
     return {
         "run_id": data.run_id, "figures": drawn.figures,
         "status": data.status.reset_index(names="source").to_dict("records"),
-        "status_of_run": getattr(outcome, "status", "ok"),
-        "failed_stage": getattr(outcome, "failed_stage", None),
+        "status_of_run": outcome.status,
+        "failed_stage": outcome.failed_stage,
         "reasons": data.reasons.to_dict("records"), "dedup": dedup,
         "captions": data.captions, "seconds": outcome.seconds,
         "contact_kept": [it["sample_id"] for it in drawn.kept],

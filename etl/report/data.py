@@ -25,6 +25,7 @@ from etl.columns import caption_columns
 from etl.config import Config
 from etl.lakehouse.counts import delta_counts, lance_counts
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
+from etl.runtime.outcome import RunOutcome
 from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = ["ReportData", "DedupSummary", "read_report", "caption_versions", "sheet_caption",
@@ -319,11 +320,11 @@ _RUN_COLUMNS = ("source", "seen", "accepted", "rejected", "errors", "flagged", "
                 "reasons")
 
 
-def run_tables(outcome: Any) -> tuple[list[dict], list[dict], list[dict]]:
+def run_tables(outcome: RunOutcome) -> tuple[list[dict], list[dict], list[dict]]:
     """This run's accounting per source, its stages (status, seconds, note, totals,
     versions) and its exports."""
-    cur = outcome.detail("curate")
-    run_rows = [{k: c.row()[k] for k in _RUN_COLUMNS} for c in cur.counts] if cur else []
+    run_rows = [{k: row[k] for k in _RUN_COLUMNS}
+                for detail in outcome.details() for row in detail.source_rows()]
     stage_rows = [
         {"stage": name, "status": "failed" if name == outcome.failed_stage else "ok",
          "seconds": round(outcome.seconds.get(name, 0.0), 1),
@@ -354,7 +355,7 @@ class ReportData:
     """Everything the figures and the page are drawn from."""
 
     run_id: str
-    outcome: Any  # etl.pipeline.outcome.RunOutcome
+    outcome: RunOutcome
     curated_path: str
     dedup_path: str
     curated_version: int | None  # None: no curated table yet
@@ -379,7 +380,7 @@ class ReportData:
         return sheet_caption(self.versions)
 
 
-def read_report(spark, cfg: Config, outcome: Any) -> ReportData:
+def read_report(spark, cfg: Config, outcome: RunOutcome) -> ReportData:
     """The report's data for the run `outcome` (the tables as the run left them)."""
     import lance
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from etl.runtime.metrics import Metrics
 from etl.runtime.options import flags, is_options
 
-__all__ = ["RowTally", "StageResult", "RunContext", "Metrics"]
+__all__ = ["RowTally", "StageDetail", "StageResult", "RunContext", "Metrics"]
 
 _O = TypeVar("_O")
 
@@ -31,8 +31,39 @@ class RowTally:
     failed_label: str = "failed"
 
 
-@dataclass
-class StageResult:
+class StageDetail:
+    """The base of each stage's own result object (``CurateResult``, ``ExportRun``, …,
+    what :attr:`StageResult.detail` holds): what it shows of itself in the run's console
+    summary, ``summary.json`` and report, so that none of those looks a result up by its
+    stage's name. Each part is empty unless the result has something to say there."""
+
+    def summary_head(self) -> list[str]:
+        """Lines under the summary's first line, in stage order: the accounting table and
+        where outputs landed (curate's tables, each export)."""
+        return []
+
+    def summary_section(self) -> str | None:
+        """A paragraph after those lines (dedup's per-source table, what caption did)."""
+        return None
+
+    def summary_json(self) -> dict[str, Any]:
+        """This result's entries in the run's ``summary.json``."""
+        return {}
+
+    def source_rows(self) -> list[dict[str, Any]]:
+        """Per source, what this run did with its records (curate's accounting rows,
+        ``SourceCounts.row``): the report's table of this run."""
+        return []
+
+
+D = TypeVar("D", bound=StageDetail, covariant=True)
+
+
+@dataclass(frozen=True)
+class StageResult(Generic[D]):
+    """What a stage did, for the ledger (metrics, versions, manifests), the failure
+    budgets (`tally`) and what prints it (`detail`, the stage's own result type)."""
+
     # What the stage read, and what it produced: totals, and breakdowns by reason,
     # source or export (a plain dict is taken as totals).
     inputs: Metrics = field(default_factory=Metrics)
@@ -44,12 +75,20 @@ class StageResult:
     note: str | None = None
     # For stages that process rows: how they ended (checked against run.budgets).
     tally: RowTally | None = None
-    # The stage's own result object (CurateResult, [ExportResult], …), for callers.
-    detail: Any = None
+    # The stage's own result object (CurateResult, ExportRun, …); None when the stage
+    # had nothing to do that it reports (disabled, nothing configured).
+    detail: D | None = None
 
     def __post_init__(self) -> None:
-        self.inputs = Metrics.of(self.inputs)
-        self.outputs = Metrics.of(self.outputs)
+        object.__setattr__(self, "inputs", Metrics.of(self.inputs))
+        object.__setattr__(self, "outputs", Metrics.of(self.outputs))
+
+    def made(self) -> D:
+        """The stage's result object, for what prints it (a command's `render`); a
+        stage that returned none has nothing to print: a RuntimeError, a bug."""
+        if self.detail is None:
+            raise RuntimeError(f"this stage returned no result object ({self.note or 'no note'})")
+        return self.detail
 
 
 @dataclass
@@ -58,7 +97,7 @@ class RunContext:
     # Exports the export stage writes; None: every configured export.
     export_names: tuple[str, ...] | None = None
     # The results of the stages before this one in this run.
-    results: dict[str, StageResult] = field(default_factory=dict)
+    results: dict[str, StageResult[StageDetail]] = field(default_factory=dict)
     # A command's own arguments (`lakeshard caption --version v --force`), each a typed
     # options object (:mod:`etl.runtime.options`); a stage without one gets its defaults.
     options: tuple[Any, ...] = ()

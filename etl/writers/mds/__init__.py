@@ -31,10 +31,9 @@ driver-side commit), :mod:`.checksum` (partition checksums), and here the Spark 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -45,7 +44,6 @@ from pyspark.sql.types import MapType
 from etl.config import BucketSpec
 from etl.config.bounds import DRIVER_WRITE_ROWS
 from etl.runtime.local import local_arrow
-from etl.writers.mds.buckets import bucket_name, bucket_set, spec_settings
 from etl.writers.mds.checksum import (
     NOT_CHECKSUMMED,
     PART_IDS,
@@ -66,6 +64,7 @@ from etl.writers.mds.increment import (
     plan_increment,
     plan_increment_local,
 )
+from etl.writers.mds.settings import ExportSettings
 from etl.writers.mds.task import (
     RESULT_DDL,
     TAKE_ROWS,
@@ -82,6 +81,7 @@ __all__ = [
     "mds_encoding",
     "export_key",
     "export_mds",
+    "ExportSettings",
     "DRIVER_WRITE_ROWS",
     "warm_for",
     "plan_increment",
@@ -113,93 +113,57 @@ def warm_for(out_dir: str, rows: int) -> None:
         warm_writer()
 
 
-def export_mds(
-    rows: DataFrame,
-    out_dir: str,
-    *,
-    partitions: int,
-    size_limit: int,
-    compression: str | None,
-    hashes: tuple[str, ...],
-    seed: int = 0,
-    manifest: dict[str, Any] | None = None,
-    lineage: dict[str, Any] | None = None,
-    blobs: BlobSource | None = None,
-    buckets: BucketSpec | None = None,
-    jpeg_quality: int = 92,
-    encodings: dict[str, str] | None = None,
-    incremental: bool = False,
-    identity: str | None = None,
-    held: bool = False,
-) -> ExportResult:
-    """Write `rows` as an MDS export at `out_dir`: every column of `rows`, encoded by
-    its Spark type (`image` as pass-through JPEG). `manifest` adds the caller's
-    description of the export (table, predicate) to ``manifest.json``, `lineage` what
-    changes with the table's content (its version, what was left out); together with
-    the writer settings they name the staging folder, so an interrupted export resumes.
-
-    With `buckets` (:class:`etl.config.BucketSpec`), rows are routed by aspect ratio
-    into one sub-folder per bucket (``<out>/<W>x<H>/``, each with its own
-    ``index.json``; read one with ``StreamingDataset(local=<out>, split="<W>x<H>")``),
-    resized to the bucket at `jpeg_quality` if the spec says so.
-
-    `encodings` overrides the encoding of some columns (binary columns of raw array
-    bytes as fixed-shape ``ndarray:<dtype>:<shape>``).
-
-    `incremental`: every partition keeps its rows' ids and fingerprints (a hash of
-    the row's written columns and of the `identity` column, e.g. the image's sha256,
-    which is not written); when only the lineage changed since the export in place,
-    the rows are diffed against those, the partitions that still hold exactly their
-    rows are kept, and only rows that joined, plus the rows of partitions that lost or
-    changed a row, are written, as new partitions (:func:`plan_increment`).
-
-    `held`: `rows` are a few the driver holds (local data, e.g. read by the driver):
-    they are collected once, the increment is planned here (:func:`plan_increment_local`)
-    and, when at most :data:`DRIVER_WRITE_ROWS` rows are to be written, the partitions
-    are written here too (:func:`etl.writers.mds.task.write_here`), spread and ordered
-    as Spark would (same partitions, same order, same bytes); no Python worker starts."""
-    _check_rows(rows, blobs, buckets)
-    columns = _mds_columns(rows, blobs, encodings or {}, identity)
-    base = _writer_settings(
-        manifest, columns, partitions=partitions, size_limit=size_limit,
-        compression=compression, hashes=hashes, seed=seed, buckets=buckets,
-        jpeg_quality=jpeg_quality,
-    )
-    settings = {**base, **(lineage or {})}
-    key = export_key(settings)
+def export_mds(rows: DataFrame, out_dir: str, settings: ExportSettings) -> ExportResult:
+    """Write `rows` as an MDS export at `out_dir` with `settings`: every column of
+    `rows`, encoded by its Spark type (`image` as pass-through JPEG). The writer
+    settings and the lineage make the export key, which names the staging folder (an
+    interrupted export resumes) and tells an export in place that is already this one.
+    An incremental export writes only what changed (:func:`plan_increment`); rows the
+    driver holds (`settings.held`) are planned, and up to :data:`DRIVER_WRITE_ROWS`
+    written, here (:func:`etl.writers.mds.task.write_here`)."""
+    s = settings
+    _check_rows(rows, s.blobs, s.buckets)
+    columns = _mds_columns(rows, s.blobs, s.encodings, s.identity)
+    base = s.writer_settings(columns)
+    key_settings = {**base, **s.lineage}
+    key = export_key(key_settings)
     commit = open_commit(out_dir, key)
     current = commit.read_manifest()
     if current is not None and current.get("export_key") == key:  # already exported
         commit.drop_leftovers()
-        return ExportResult.from_manifest(out_dir, current, resumed=partitions, unchanged=True)
+        return ExportResult.from_manifest(out_dir, current, resumed=s.partitions,
+                                          unchanged=True)
     commit.prepare()
 
     name = out_dir.rstrip("/").rsplit("/", 1)[-1]
-    if incremental:
-        settings["base_key"] = export_key(base)
+    if s.incremental:
+        key_settings["base_key"] = export_key(base)
         rows = rows.withColumn("_fp", row_fingerprint(rows, exclude=("_rowaddr",)))
-    if identity is not None:
-        rows = rows.drop(identity)
-    local = _collect(rows, seed, name) if held else None
+    if s.identity is not None:
+        rows = rows.drop(s.identity)
+    local = _collect(rows, s.seed, name) if s.held else None
     plan = None
-    if incremental and current is not None and current.get("base_key") == settings["base_key"]:
+    if (s.incremental and current is not None
+            and current.get("base_key") == key_settings["base_key"]):
         with _job(rows, f"diff {name} with the export in place"):
-            plan = (plan_increment(rows, current, out_dir, partitions) if local is None
-                    else plan_increment_local(local, current, out_dir, partitions))
+            plan = (plan_increment(rows, current, out_dir, s.partitions) if local is None
+                    else plan_increment_local(local, current, out_dir, s.partitions))
     if plan is not None:
-        settings["increment"] = plan.summary()
-    todo = _WriteSet.of(rows if local is None else local, partitions, plan)
+        key_settings["increment"] = plan.summary()
+    todo = _WriteSet.of(rows if local is None else local, s.partitions, plan)
     write = partition_writer(
         staging=commit.staging, remote=commit.remote, key=key, columns=columns,
-        size_limit=size_limit, compression=compression, hashes=hashes, blobs=blobs,
-        buckets=buckets, quality=jpeg_quality, part_offset=todo.offset, keep_ids=incremental,
+        size_limit=s.size_limit, compression=s.compression, hashes=s.hashes,
+        blobs=s.blobs, buckets=s.buckets, quality=s.jpeg_quality, part_offset=todo.offset,
+        keep_ids=s.incremental,
     )
     here = isinstance(todo.rows, pa.Table) and todo.rows.num_rows <= DRIVER_WRITE_ROWS
     if isinstance(todo.rows, pa.Table) and not here:  # too many for the driver to write
         todo = todo.as_frame(rows)
-    results = _write_partitions(todo, write, seed=seed, small_rows=blobs is not None,
+    results = _write_partitions(todo, write, seed=s.seed, small_rows=s.blobs is not None,
                                 name=name, spark=rows.sparkSession, here=here)
-    final = commit.commit(results, settings, bucketed=buckets is not None, kept=todo.kept)
+    final = commit.commit(results, key_settings, bucketed=s.buckets is not None,
+                          kept=todo.kept)
     resumed = sum(1 for r in results if r["resumed"])
     return ExportResult.from_manifest(out_dir, final, resumed=resumed, kept=len(todo.kept))
 
@@ -216,8 +180,8 @@ def _check_rows(rows: DataFrame, blobs: BlobSource | None, buckets: BucketSpec |
         raise ValueError("aspect-ratio buckets need `width` and `height` columns")
 
 
-def _mds_columns(rows: DataFrame, blobs: BlobSource | None, encodings: dict[str, str],
-                identity: str | None) -> dict[str, str]:
+def _mds_columns(rows: DataFrame, blobs: BlobSource | None,
+                 encodings: Mapping[str, str], identity: str | None) -> dict[str, str]:
     """The MDS column -> encoding map: every column of `rows` but the internal ones, by
     its Spark type unless `encodings` names it, then the columns `blobs` fetches
     (`image` is always pass-through JPEG)."""
@@ -231,25 +195,6 @@ def _mds_columns(rows: DataFrame, blobs: BlobSource | None, encodings: dict[str,
     for name in (blobs.columns if blobs else {}):
         columns[name] = "jpeg" if name == "image" else encodings.get(name, "bytes")
     return columns
-
-
-def _writer_settings(manifest: dict[str, Any] | None, columns: dict[str, str], *,
-                    partitions: int, size_limit: int, compression: str | None,
-                    hashes: tuple[str, ...], seed: int, buckets: BucketSpec | None,
-                    jpeg_quality: int) -> dict[str, Any]:
-    """The caller's description plus every writer setting that shapes the files: what
-    the export key is computed from (with the lineage) and ``manifest.json`` records."""
-    base = {
-        **(manifest or {}), "columns": columns, "partitions": partitions,
-        "size_limit": size_limit, "compression": compression, "hashes": list(hashes),
-        "seed": seed,
-    }
-    if buckets is not None:
-        base["buckets"] = spec_settings(buckets)
-        base["bucket_names"] = [bucket_name(wh) for wh in bucket_set(buckets)]
-        if buckets.resize:
-            base["jpeg_quality"] = jpeg_quality
-    return base
 
 
 @contextmanager
