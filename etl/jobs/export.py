@@ -22,7 +22,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from etl import storage, tables
 from etl.config import Config
-from etl.config.bounds import DRIVER_IDS
 from etl.errors import ConfigError
 from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
@@ -142,7 +141,7 @@ class _Curated:
 
 def _read_curated(spark: SparkSession, curated_path: str, version: int, columns: list[str],
                   where: str | None, held: bool) -> _Curated:
-    """Up to `DRIVER_IDS` rows (`held`) are read on the driver, as local data."""
+    """Up to `driver.ids` rows (`held`) are read on the driver, as local data."""
     if held:
         table, schema = read_local_table(curated_path, version, columns, where,
                                          row_address=True)
@@ -220,15 +219,16 @@ class _Columns:
     fetched: dict[str, str]  # fields whose bytes each task reads from Lance by address
     small: list[str]  # the columns read through Spark
     identity: str | None  # a row's image in an incremental export's diff
+    driver_ids: int  # the driver.ids bound (etl.config.bounds)
 
     @property
     def held(self) -> bool:
         """The rows' small columns are read on the driver (:func:`_read_curated`), and
         the export's diff and a small write are made there too (`held`)."""
-        return self.matching <= DRIVER_IDS
+        return self.matching <= self.driver_ids
 
 
-def _columns(name: str, exp, table) -> _Columns:
+def _columns(name: str, exp, table, driver_ids: int) -> _Columns:
     mapping = export_columns(exp, table.schema.names)
     try:
         matching = table.count_rows(filter=exp.where)
@@ -243,7 +243,8 @@ def _columns(name: str, exp, table) -> _Columns:
                 else None)
     if identity and identity not in small:
         small.append(identity)
-    return _Columns(table, mapping, matching, encodings, fetched, small, identity)
+    return _Columns(table, mapping, matching, encodings, fetched, small, identity,
+                    driver_ids)
 
 
 @dataclass(frozen=True)
@@ -345,7 +346,7 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     write them, and remember what was counted (:class:`_Memo`) once it committed. When
     nothing it depends on changed since the export in place was written, that is all."""
     exp = cfg.export(name)
-    cols = _columns(name, exp, tables.open_curated(cfg))
+    cols = _columns(name, exp, tables.open_curated(cfg), cfg.driver.ids)
     memo = _Memo(cfg, name)
     inputs = _quiet_inputs(spark, cfg, name, cols.table.version)
     quiet = _in_place(cfg, name, memo.export_key(inputs))
@@ -374,7 +375,7 @@ def warm(cfg: Config, ctx: RunContext) -> None:
     if not _names(cfg, ctx) or not storage.lance_exists(path):
         return
     rows = tables.open_curated(cfg).count_rows()
-    if rows <= DRIVER_IDS:
+    if rows <= cfg.driver.ids:
         for name in _names(cfg, ctx):
             warm_for(tables.export_path(cfg, name), rows)
 
