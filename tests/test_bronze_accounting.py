@@ -272,8 +272,10 @@ def test_manifest_rows_held_here_are_the_rows_spark_tasks_build(spark):
     for with_sha in (True, False):
         held = _held_rows(with_sha)
         mine = manifest_rows(held, run_id="r1", ingested_at=NOW)
-        theirs = manifest_rows(spark.createDataFrame(held), run_id="r1",
-                               ingested_at=NOW).toArrow()
+        frame = manifest_rows(spark.createDataFrame(held), run_id="r1", ingested_at=NOW)
+        # Spark reads the rule's timestamps back as the naive local time it was given.
+        assert {r.ingested_at for r in frame.collect()} == {NOW}
+        theirs = frame.toArrow()
         assert mine.column_names == MANIFEST_SCHEMA.fieldNames()
         assert [f.type for f in mine.schema] == [f.type for f in theirs.schema]
         key = [("sample_id", "ascending")]

@@ -1,6 +1,6 @@
-"""Driver or Spark (``etl/config/bounds.py``): the same nights, once within every bound
-(the driver compares, prepares, counts and writes the bookkeeping) and once past every
-one (``driver:`` all 0 -- Spark's join with the manifest, fetch + prepare in Spark's
+"""Driver or Spark (``etl/config/bounds.py``): the same curate nights, once within its
+bounds (the driver compares, prepares, counts and writes the bookkeeping) and once past
+each (``driver:`` all 0 -- Spark's join with the manifest, fetch + prepare in Spark's
 tasks, outcome counts, manifest and rejects rows by the Arrow rules in those tasks,
 Spark MERGEs), leave the same tables. The expectations are the other path's tables and
 what the test does to the folder."""

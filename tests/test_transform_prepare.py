@@ -173,6 +173,37 @@ def test_outcome_counts_of_held_rows_and_in_spark_tasks_equal_spark_aggregate(sp
                         "internal_error": ("k9", "boom")}
 
 
+def test_a_tasks_partial_counts_reach_the_driver_folded_one_row_per_group(spark):
+    """In Spark's tasks the outcome rule runs per Arrow batch and each task folds its
+    batches' partial counts before they leave it: one task of eight 2-row batches sends
+    one row per group it saw (not one per group per batch), and the counts, examples and
+    fragments are the same as Spark's aggregate."""
+    from etl.runtime.local import per_batch
+    from etl.transforms.prepare import _OUTCOME_KEYS, _PARTIAL_OUTCOMES, _folded, _outcome_batch
+    from etl.transforms.prepare_task import FLAG, WRITTEN
+
+    once = _prepared(spark)
+    prepared = once.unionByName(once).unionByName(once)  # each group in several batches
+    staged = prepared.withColumns({
+        FLAG: F.col("status") == "ok",
+        WRITTEN: F.when(F.col("sample_id") == "id1", F.array(F.lit("f1"))),
+        "filter_reason": F.col("prepared.filter_reason")}).coalesce(1)
+    previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch")
+    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", "2")
+    try:
+        partials = per_batch(staged, _outcome_batch, _PARTIAL_OUTCOMES,
+                             [*_OUTCOME_KEYS, "source_key", "detail", FLAG, WRITTEN],
+                             fold=_folded).collect()
+        got = outcome_counts(staged)
+    finally:
+        spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
+    groups = _spark_aggregate(prepared).collect()
+    assert len(partials) == len(groups)  # unfolded: a row per group per 2-row batch
+    assert sum(r["count"] for r in partials) == prepared.count()
+    assert _plain(got.rows) == _plain(groups)
+    assert got.fragments == (["f1"], ["f1"], ["f1"]) and got.disagree == 0
+
+
 def test_outcome_counts_and_the_tasks_fragments_in_one_job(spark):
     """The outcome counts after a fetch + prepare job whose tasks wrote to Lance, in
     Spark's tasks: the same outcome rows as Spark's aggregate, every task's list of

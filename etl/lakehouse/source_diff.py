@@ -88,10 +88,8 @@ class Diff:
     stats: dict[str, dict]  # per source: n, unchanged, failures (unreadable containers)
     removals: Removals
     has_manifest: bool = False  # a manifest was there
-    skip: dict[str, frozenset[str]] = field(default_factory=dict)  # per source:
-    # unchanged containers, not opened
     skipped: dict[str, int] = field(default_factory=dict)  # per source: the records
-    # those containers hold
+    # its unchanged containers (not opened) hold
     small: bool = False  # `listed` is a few records of local data, no Python UDF in its
     # plan: fetched, prepared and written to Lance from the driver
     in_driver: bool = False  # compared with the manifest on the driver: `listed` comes
@@ -179,7 +177,7 @@ def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
         removals = Removals(records.withColumn("reason", F.lit("source_removed"))
                             .localCheckpoint(eager=True), scans)
     return Diff(before, versions, listed, stats, removals, has_manifest=before is not None,
-                skip=skip, skipped=skipped)
+                skipped=skipped)
 
 
 def _skipped_containers(cfg: Config, manifest: _ManifestReads, before: DataFrame | None

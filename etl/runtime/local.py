@@ -78,29 +78,40 @@ def projected(table: pa.Table, schema: T.StructType,
 
 
 def per_batch(rows: DataFrame | pa.Table, rule: Callable[[pa.Table], pa.Table],
-              schema: T.StructType, columns: Sequence[str]) -> DataFrame | pa.Table:
-    """A rule written once as an Arrow batch function (Arrow in, Arrow of `schema` out,
-    row by row: each output row depends on its input row only) run where `rows` are:
-    on an Arrow table this process holds, here; on a DataFrame, in Spark's tasks
-    through ``mapInArrow``, given only the `columns` the rule reads (of those the frame
-    has). `rule` travels to the tasks by pickle: a module function or a
-    ``functools.partial`` of one."""
+              schema: T.StructType, columns: Sequence[str],
+              fold: Callable[[pa.Table], pa.Table] | None = None) -> DataFrame | pa.Table:
+    """A rule written once as an Arrow batch function (Arrow in, Arrow of `schema` out)
+    run where `rows` are: on an Arrow table this process holds, here; on a DataFrame, in
+    Spark's tasks through ``mapInArrow``, given only the `columns` the rule reads (of
+    those the frame has). A row-by-row rule needs nothing more. An aggregating rule
+    (partial counts per batch) gives a `fold` that combines a task's outputs into one
+    table of the same schema, so what reaches the driver grows with the tasks, not the
+    batches. `rule` and `fold` travel to the tasks by pickle: module functions or
+    ``functools.partial`` of them."""
     if isinstance(rows, pa.Table):
         return rule(rows)
     have = set(rows.columns)
     return rows.select(*[c for c in columns if c in have]).mapInArrow(
-        _BatchRule(rule), schema)
+        _BatchRule(rule, fold), schema)
 
 
 class _BatchRule:
-    """`rule` over each Arrow batch of a Spark task (picklable: no closure)."""
+    """`rule` over each Arrow batch of a Spark task, its outputs folded into one table
+    at the task's end when a `fold` is given (picklable: no closure)."""
 
-    def __init__(self, rule: Callable[[pa.Table], pa.Table]) -> None:
+    def __init__(self, rule: Callable[[pa.Table], pa.Table],
+                 fold: Callable[[pa.Table], pa.Table] | None = None) -> None:
         self.rule = rule
+        self.fold = fold
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            yield from self.rule(pa.Table.from_batches([batch])).to_batches()
+        if self.fold is None:
+            for batch in batches:
+                yield from self.rule(pa.Table.from_batches([batch])).to_batches()
+            return
+        outputs = [self.rule(pa.Table.from_batches([batch])) for batch in batches]
+        if outputs:
+            yield from self.fold(pa.concat_tables(outputs)).to_batches()
 
 
 def _arrow(rows: list, schema: T.StructType) -> pa.Table:

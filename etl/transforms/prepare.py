@@ -252,9 +252,10 @@ def outcome_counts(prepared: DataFrame | pa.Table) -> Outcomes:
     and either ``filter_reason`` or the ``prepared`` struct it is read from."""
     if isinstance(prepared, DataFrame) and "filter_reason" not in prepared.columns:
         prepared = prepared.withColumn("filter_reason", F.col("prepared.filter_reason"))
-    partial = per_batch(prepared, _outcome_batch, _PARTIAL_OUTCOMES,
-                        [*_OUTCOME_KEYS, "source_key", "detail", FLAG, WRITTEN])
-    return _merged(partial if isinstance(partial, pa.Table) else partial.toArrow())
+    partials = per_batch(prepared, _outcome_batch, _PARTIAL_OUTCOMES,
+                         [*_OUTCOME_KEYS, "source_key", "detail", FLAG, WRITTEN],
+                         fold=_folded)
+    return _merged(partials if isinstance(partials, pa.Table) else partials.toArrow())
 
 
 @dataclass(frozen=True)
@@ -304,14 +305,32 @@ def _outcome_batch(table: pa.Table) -> pa.Table:
     counts = table.group_by(keys, use_threads=False).aggregate(aggregates)
     examples = _smallest_examples(table, keys)
     written = [w for w in table.column(WRITTEN).to_pylist() if w is not None] if sink else []
-    out = []
-    for i, r in enumerate(counts.to_pylist()):
-        ex = examples.get(tuple(r[k] for k in keys))
-        out.append({**{k: r[k] for k in keys}, "count": r["source_key_count"],
-                    "example": None if ex is None else {"key": ex[0], "detail": ex[1]},
-                    "_disagree": r.get("_disagree_sum") or 0,
-                    "_written": written if i == 0 else []})
+    groups = [(tuple(r[k] for k in keys), r["source_key_count"],
+               examples.get(tuple(r[k] for k in keys)), r.get("_disagree_sum") or 0)
+              for r in counts.to_pylist()]
+    return _partial_table(groups, written)
+
+
+def _partial_table(groups: list[tuple[tuple, int, tuple | None, int]],
+                   written: list) -> pa.Table:
+    """Partial counts as :data:`_PARTIAL_OUTCOMES` rows: per group (keys, count, smallest
+    example, disagreeing rows), what the sink wrote on the first group's row."""
+    out = [{**dict(zip(_OUTCOME_KEYS, keys, strict=True)), "count": count,
+            "example": None if ex is None else {"key": ex[0], "detail": ex[1]},
+            "_disagree": disagree, "_written": written if i == 0 else []}
+           for i, (keys, count, ex, disagree) in enumerate(groups)]
     return pa.Table.from_pylist(out, schema=to_arrow_schema(_PARTIAL_OUTCOMES))
+
+
+def _folded(partials: pa.Table) -> pa.Table:
+    """A Spark task's partial counts, one row per group (:func:`_merged`'s rule): the
+    driver then merges a few rows per task instead of a few per Arrow batch."""
+    merged = _merged(partials)
+    groups = [(tuple(r[k] for k in _OUTCOME_KEYS), r["count"],
+               None if r["example"] is None else (r["example"]["key"], r["example"]["detail"]),
+               merged.disagree if i == 0 else 0)
+              for i, r in enumerate(merged.rows)]
+    return _partial_table(groups, [list(w) for w in merged.fragments])
 
 
 def _smallest_examples(table: pa.Table, keys: list[str]) -> dict[tuple, tuple]:
