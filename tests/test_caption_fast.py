@@ -93,16 +93,18 @@ def test_static_cache_and_prepared_batches_give_plain_generates_tokens(tiny_mode
     # A kept cache with room is reused whatever its length; after it is released, one
     # rounded to 16 instead of 256 (the largest batch first: the others fit in it).
     cap.release_memory()
-    assert cap._cache is None
+    assert not cap._caches
     _caption(cap, spec, images, kv_cache="static", cache_bucket=16)
     assert cap.rows == plain_rows
     need = max(cap.prompts) + 10  # the longest prompt and its new tokens
-    assert cap.prompts[0] == max(cap.prompts) and cap._cache[1] % 16 == 0
-    assert need <= cap._cache[1] < need + 16
+    length = cap._caches[2][0]
+    assert cap.prompts[0] == max(cap.prompts) and length % 16 == 0
+    assert need <= length < need + 16
 
 
 def test_a_static_cache_follows_the_batch_size(tiny_model):
-    """Five images in batches of 2: the last batch of one gets a cache of its own."""
+    """Five images in batches of 2: the last batch of one gets a cache of its own, and
+    both are kept, so a second window of five allocates none."""
     images = _photos()[:5]
     spec = _spec(tiny_model, batch_size=2, max_new_tokens=6, max_pixels=200 * 200)
     cap = _Recording(spec, "cpu")
@@ -110,8 +112,12 @@ def test_a_static_cache_follows_the_batch_size(tiny_model):
     plain_rows = cap.rows
     _caption(cap, spec, images, kv_cache="static")
     assert cap.rows == plain_rows
-    assert len(cap.caches) == 3 and cap.caches[0] is cap.caches[1] is not cap.caches[2]
-    assert cap._cache[0] == 1
+    first = cap.caches
+    assert len(first) == 3 and first[0] is first[1] is not first[2]
+    _caption(cap, spec, images, kv_cache="static")
+    assert cap.rows == plain_rows
+    assert all(a is b for a, b in zip(cap.caches, first, strict=True))
+    assert sorted(cap._caches) == [1, 2]
 
 
 @pytest.fixture(scope="module")

@@ -23,6 +23,7 @@ path gives the same tokens as plain ``generate`` (tested on CPU):
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +53,10 @@ class PreparedBatch:
 def _setting(spec: CaptionSpec, name: str, default):
     # Settings are duck-typed (the bare bench has its own): a missing one is the default.
     return getattr(spec.settings, name, default)
+
+
+# Batch sizes whose static KV cache is kept between batches (see TransformersCaptioner).
+_KEPT_CACHES = 2
 
 
 def _static_length(prompt: int, new_tokens: int, bucket: int) -> int:
@@ -104,8 +109,11 @@ class TransformersCaptioner(Captioner):
         # finish the next one before generate() takes this one): (spec, images, batch).
         self._ahead: list[tuple[CaptionSpec, list, PreparedBatch]] = []
         self._ahead_lock = threading.Lock()
-        # The static KV cache kept between batches: (batch size, length, cache).
-        self._cache: tuple[int, int, Any] | None = None
+        # The static KV caches kept between batches, per batch size: (length, cache), the
+        # most recently used last. Two sizes: a window's full batches and its last, short
+        # one (or a batch a bad image left short) each keep theirs instead of
+        # reallocating (and, compiled, recapturing) at every window.
+        self._caches: OrderedDict[int, tuple[int, Any]] = OrderedDict()
 
     # ------------------------------------------------------------------ CPU side
 
@@ -157,19 +165,24 @@ class TransformersCaptioner(Captioner):
     # ------------------------------------------------------------------ generation
 
     def _static_cache(self, batch: int, prompt: int, spec: CaptionSpec):
-        """The static KV cache for this batch: the kept one, reset, if it has this batch
-        size and room; otherwise a new one (the old one is released first)."""
+        """The static KV cache for this batch: the one kept for this batch size, reset,
+        if it has room; otherwise a new one (replacing it, or the least recently used
+        size's when :data:`_KEPT_CACHES` are kept, released first)."""
         from transformers import StaticCache
 
         need = prompt + spec.settings.max_new_tokens
-        if self._cache is not None and self._cache[0] == batch and self._cache[1] >= need:
-            self._cache[2].reset()
-            return self._cache[2]
-        self._cache = None
+        kept = self._caches.get(batch)
+        if kept is not None and kept[0] >= need:
+            self._caches.move_to_end(batch)
+            kept[1].reset()
+            return kept[1]
+        self._caches.pop(batch, None)
+        while len(self._caches) >= _KEPT_CACHES:
+            self._caches.popitem(last=False)
         length = _static_length(prompt, spec.settings.max_new_tokens,
                                 _setting(spec, "cache_bucket", 256))
         cache = StaticCache(config=self.model.config, max_cache_len=length)
-        self._cache = (batch, length, cache)
+        self._caches[batch] = (length, cache)
         return cache
 
     def _generation_kwargs(self, spec: CaptionSpec, ids) -> dict:
@@ -230,7 +243,7 @@ class TransformersCaptioner(Captioner):
         return results
 
     def release_memory(self) -> None:
-        self._cache = None  # a static cache sized for the batch that did not fit
+        self._caches.clear()  # static caches sized for batches that did not fit
         with self._ahead_lock:
             self._ahead = []
         super().release_memory()
