@@ -27,6 +27,10 @@ __all__ = [
     "VLLMCaptioner",
     "is_oom",
     "pixel_range_kwargs",
+    "chat_prompt",
+    "offline_if_local",
+    "token_factor",
+    "torch_dtype",
     "release_gpu_memory",
 ]
 
@@ -152,7 +156,7 @@ def _vllm_memory_share(spec: CaptionSpec) -> float:
     return configured if configured else round(0.9 * spec.gpu_share, 3)
 
 
-def _chat_prompt(processor, settings: CaptionSettings) -> str:
+def chat_prompt(processor, settings: CaptionSettings) -> str:
     if settings.prompt_format == "plain":
         return settings.prompt
     messages = [{"role": "user", "content": [
@@ -205,7 +209,7 @@ class Captioner:
         release_gpu_memory()
 
 
-def _token_factor(image_processor) -> int | None:
+def token_factor(image_processor) -> int | None:
     """patch x merge of a Qwen-style image processor, None for any other."""
     patch = getattr(image_processor, "patch_size", None)
     merge = getattr(image_processor, "merge_size", None)
@@ -229,19 +233,19 @@ def pixel_range_kwargs(image_processor, min_pixels: int, max_pixels: int) -> dic
     size = getattr(image_processor, "size", None)
     edges = [size.get(k) if isinstance(size, dict) else getattr(size, k, None)
              for k in ("shortest_edge", "longest_edge")]
-    if _token_factor(image_processor) is None or None in edges:
+    if token_factor(image_processor) is None or None in edges:
         return {}
     return {"size": {"shortest_edge": min_pixels, "longest_edge": max_pixels}}
 
 
-def _offline_if_local(spec: CaptionSpec) -> None:
+def offline_if_local(spec: CaptionSpec) -> None:
     if spec.local_files_only:
         # Before transformers / huggingface_hub are imported in this worker.
         os.environ["HF_HUB_OFFLINE"] = "1"
         os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
 
-def _torch_dtype(spec: CaptionSpec, device: str):
+def torch_dtype(spec: CaptionSpec, device: str):
     import torch
 
     name = spec.settings.dtype
@@ -259,7 +263,7 @@ class VLLMCaptioner(Captioner):
 
     def __init__(self, spec: CaptionSpec, device: str):
         super().__init__(spec, device)
-        _offline_if_local(spec)
+        offline_if_local(spec)
         try:
             from vllm import LLM
         except ImportError as exc:
@@ -287,7 +291,7 @@ class VLLMCaptioner(Captioner):
             trust_remote_code=s.trust_remote_code,
         )
         ip = getattr(self.processor, "image_processor", None)
-        self._factor = _token_factor(ip)
+        self._factor = token_factor(ip)
 
     def max_batch(self, spec: CaptionSpec, window: int) -> int:
         return min(window, self.batch_limit or window)
@@ -299,7 +303,7 @@ class VLLMCaptioner(Captioner):
         from vllm import SamplingParams
 
         s = spec.settings
-        prompt = _chat_prompt(self.processor, s)
+        prompt = chat_prompt(self.processor, s)
         params = SamplingParams(
             max_tokens=s.max_new_tokens,
             temperature=s.temperature if s.do_sample else 0.0,

@@ -31,11 +31,11 @@ from udfs.caption_models import (
     Captioner,
     CaptionSpec,
     Generated,
-    _chat_prompt,
-    _offline_if_local,
-    _token_factor,
-    _torch_dtype,
+    chat_prompt,
+    offline_if_local,
     pixel_range_kwargs,
+    token_factor,
+    torch_dtype,
 )
 
 __all__ = ["TransformersCaptioner", "PreparedBatch"]
@@ -69,7 +69,7 @@ class TransformersCaptioner(Captioner):
 
     def __init__(self, spec: CaptionSpec, device: str):
         super().__init__(spec, device)
-        _offline_if_local(spec)
+        offline_if_local(spec)
         import torch
         from transformers import AutoModelForImageTextToText, AutoProcessor
 
@@ -91,11 +91,11 @@ class TransformersCaptioner(Captioner):
             # Per sub-model: the vision tower gets `vision`, the rest transformers' default.
             kw["attn_implementation"] = {"vision_config": vision}
         self.model = AutoModelForImageTextToText.from_pretrained(
-            spec.model_path, dtype=_torch_dtype(spec, device), **kw
+            spec.model_path, dtype=torch_dtype(spec, device), **kw
         ).to(device).eval()
         ip = getattr(self.processor, "image_processor", None)
         self._image_processor = ip
-        self._factor = _token_factor(ip)
+        self._factor = token_factor(ip)
         self._image_token_id = getattr(self.model.config, "image_token_id", None)
         eos = self.model.generation_config.eos_token_id
         self._eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -125,7 +125,7 @@ class TransformersCaptioner(Captioner):
     def prepare(self, images: list, spec: CaptionSpec) -> PreparedBatch:
         """The processor's work for a batch (CPU only: it may run in another thread)."""
         with self._tokenizer_lock:
-            prompt = _chat_prompt(self.processor, spec.settings)
+            prompt = chat_prompt(self.processor, spec.settings)
             inputs = self.processor(
                 text=[prompt] * len(images), images=images, padding=True,
                 return_tensors="pt", **self._pixel_kwargs(spec),

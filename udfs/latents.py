@@ -103,7 +103,7 @@ def model_hidden_size(path: str) -> int:
 _MODELS: dict[tuple, tuple] = {}
 
 
-def _torch_dtype(name: str):
+def torch_dtype(name: str):
     import torch
 
     return {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[name]
@@ -144,7 +144,7 @@ def load_encoder(spec: LatentEncoderConfig):
         tokenizer.pad_token = tokenizer.eos_token
     config = AutoConfig.from_pretrained(path, local_files_only=True)
     model = AutoModel.from_pretrained(
-        path, local_files_only=True, dtype=_torch_dtype(spec.compute_dtype)
+        path, local_files_only=True, dtype=torch_dtype(spec.compute_dtype)
     )
     if config.is_encoder_decoder:  # T5 & co.: only the encoder stack conditions
         model = model.get_encoder()
@@ -178,7 +178,7 @@ def encode_texts(spec: LatentEncoderConfig, texts: list[str]) -> EncodedTexts:
             attention_mask=enc["attention_mask"].to(device),
         ).last_hidden_state
     width = hidden.shape[1]
-    stored = hidden.to(_torch_dtype(spec.dtype))
+    stored = hidden.to(torch_dtype(spec.dtype))
     finite = torch.isfinite(stored).reshape(n, -1).all(dim=1).cpu().numpy()
     if spec.dtype == "bfloat16":
         values = stored.view(torch.int16).cpu().numpy().view(np.uint16)
