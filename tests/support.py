@@ -71,6 +71,23 @@ def jpeg_bytes(size=(64, 48), color=(200, 30, 30), **save_kw) -> bytes:
     return buf.getvalue()
 
 
+def photo(i: int) -> bytes:
+    """A small distinct JPEG for a folder source's record `i` (its size and colour
+    follow `i`; another `i` is another image)."""
+    return jpeg_bytes(size=(60 + i, 50), color=(20 * i % 255, 90, 160))
+
+
+def photo_folder(folder: Path, n: int) -> Path:
+    """An image folder of `n` photos ``p<i>.jpg``, a sidecar caption for ``p1``, and one
+    undecodable ``bad.jpg`` (a rejected record)."""
+    folder.mkdir()
+    for i in range(n):
+        (folder / f"p{i}.jpg").write_bytes(photo(i))
+    (folder / "p1.txt").write_text("a caption")
+    (folder / "bad.jpg").write_bytes(b"not a jpeg")
+    return folder
+
+
 def png_bytes(size=(40, 30), mode="RGB", color=(10, 200, 10)) -> bytes:
     from PIL import Image
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import lance
 import pytest
-from conftest import jpeg_bytes, make_config
+from conftest import make_config
+from support import photo, photo_folder
 
 from etl import tables
 from etl.jobs.curate import curate
@@ -18,10 +19,6 @@ from etl.pipeline.checks import check_sources
 pytestmark = pytest.mark.slow
 
 _PAST = {"prepare_rows": 0, "ids": 0, "plan_rows": 0, "scan_rows": 0}
-
-
-def _img(i: int) -> bytes:
-    return jpeg_bytes(size=(60 + i, 50), color=(30 * i % 255, 80, 140))
 
 
 def _tables(spark, cfg) -> dict:
@@ -44,12 +41,7 @@ def _tables(spark, cfg) -> dict:
 
 
 def test_nights_past_every_bound_leave_the_tables_of_nights_within_them(spark, tmp_path):
-    folder = tmp_path / "photos"
-    folder.mkdir()
-    for i in range(6):
-        (folder / f"p{i}.jpg").write_bytes(_img(i))
-    (folder / "p1.txt").write_text("a caption")
-    (folder / "bad.jpg").write_bytes(b"not a jpeg")  # rejected as undecodable
+    folder = photo_folder(tmp_path / "photos", 6)  # bad.jpg: rejected as undecodable
     source = [{"name": "photos", "kind": "image_folder", "path": str(folder)}]
     within = make_config(tmp_path / "within", source)
     past = make_config(tmp_path / "past", source, driver=_PAST)
@@ -68,8 +60,8 @@ def test_nights_past_every_bound_leave_the_tables_of_nights_within_them(spark, t
     assert first["within"] == first["past"]
     assert first["past"][0] == {("photos", 7, 6, 1, 0, 0)}
 
-    (folder / "p6.jpg").write_bytes(_img(6))  # new
-    (folder / "p2.jpg").write_bytes(_img(12))  # changed: another size
+    (folder / "p6.jpg").write_bytes(photo(6))  # new
+    (folder / "p2.jpg").write_bytes(photo(12))  # changed: another size
     (folder / "p3.jpg").unlink()  # left the source
     second = night("night-2")
     assert second["within"] == second["past"]

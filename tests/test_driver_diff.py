@@ -10,7 +10,8 @@ import json
 import os
 
 import pytest
-from conftest import jpeg_bytes, make_config
+from conftest import make_config
+from support import photo, photo_folder
 
 from etl import tables
 from etl.config import PrepareConfig
@@ -25,10 +26,6 @@ from etl.sources.file_table import TableSource
 from etl.sources.image_folder import ImageFolderSource
 
 pytestmark = pytest.mark.slow
-
-
-def _img(i: int) -> bytes:
-    return jpeg_bytes(size=(60 + i, 50), color=(20 * i % 255, 90, 160))
 
 
 def _diff(spark, cfg, *, driver: bool, monkeypatch):
@@ -47,19 +44,14 @@ def _diff(spark, cfg, *, driver: bool, monkeypatch):
 
 
 def test_driver_and_spark_comparisons_of_a_folder_agree(spark, tmp_path, monkeypatch):
-    folder = tmp_path / "photos"
-    folder.mkdir()
-    for i in range(8):
-        (folder / f"p{i}.jpg").write_bytes(_img(i))
-    (folder / "p1.txt").write_text("a caption")
-    (folder / "bad.jpg").write_bytes(b"not a jpeg")  # rejected as undecodable
+    folder = photo_folder(tmp_path / "photos", 8)  # bad.jpg: rejected as undecodable
     cfg = make_config(tmp_path / "root", [
         {"name": "photos", "kind": "image_folder", "path": str(folder)}])
     check_sources(cfg)
     curate_job.curate(spark, cfg, "night-1")
 
-    (folder / "p8.jpg").write_bytes(_img(8))  # new
-    (folder / "p2.jpg").write_bytes(_img(12))  # changed: another size
+    (folder / "p8.jpg").write_bytes(photo(8))  # new
+    (folder / "p2.jpg").write_bytes(photo(12))  # changed: another size
     st = (folder / "p3.jpg").stat()
     os.utime(folder / "p3.jpg", ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # touched
     (folder / "p1.txt").write_text("another caption, longer")  # a sidecar changed
@@ -92,7 +84,7 @@ def test_driver_and_spark_comparisons_of_a_folder_agree(spark, tmp_path, monkeyp
 def test_an_empty_listing_defers_removals_on_the_driver(spark, tmp_path, monkeypatch):
     folder = tmp_path / "photos"
     folder.mkdir()
-    (folder / "a.jpg").write_bytes(_img(1))
+    (folder / "a.jpg").write_bytes(photo(1))
     cfg = make_config(tmp_path / "root", [
         {"name": "photos", "kind": "image_folder", "path": str(folder)}])
     check_sources(cfg)
@@ -114,20 +106,20 @@ def test_a_night_lists_each_folder_once_and_reads_what_it_listed(spark, tmp_path
     folder = tmp_path / "photos"
     folder.mkdir()
     for i in range(3):
-        (folder / f"p{i}.jpg").write_bytes(_img(i))
+        (folder / f"p{i}.jpg").write_bytes(photo(i))
     cfg = make_config(tmp_path / "root", [
         {"name": "photos", "kind": "image_folder", "path": str(folder)}])
     check_sources(cfg)
     curate_job.curate(spark, cfg, "night-1")
 
-    (folder / "p3.jpg").write_bytes(_img(3))  # new before the night
+    (folder / "p3.jpg").write_bytes(photo(3))  # new before the night
     walks, made = [], []
     walk, rows = listing._list_files, ImageFolderSource._rows
 
     def walking(root, follow):
         walks.append(root)
         files = walk(root, follow)
-        (folder / "p4.jpg").write_bytes(_img(4))  # arrives just after the walk
+        (folder / "p4.jpg").write_bytes(photo(4))  # arrives just after the walk
         return files
 
     def making(source):
@@ -183,7 +175,7 @@ def test_a_url_list_compared_here_and_in_spark_agree(spark, tmp_path, monkeypatc
     lists = tmp_path / "lists"
     lists.mkdir()
     for i in range(6):
-        (lists / f"p{i}.jpg").write_bytes(_img(i))
+        (lists / f"p{i}.jpg").write_bytes(photo(i))
     rows = [{"key": f"k{i}", "url": f"p{i}.jpg", "caption": f"photo {i}"} for i in range(5)]
     rows[0]["lic"] = "cc0-1.0"  # its own licence; the others take the source's
     rows += [{"key": "k1", "url": "missing-elsewhere.jpg"},  # a second copy of k1
