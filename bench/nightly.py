@@ -184,21 +184,32 @@ def _spark_startup(conf: Path) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def _cold_run(conf: Path, root: Path, run_id: str, label: str) -> dict:
-    """One night as a scheduler runs it: a fresh `lakeshard run` process."""
-    cmd = [str(REPO / ".venv" / "bin" / "lakeshard"), "--conf", str(conf), "run",
-           "--run-id", run_id, *(a for s in STAGES for a in ("--only", s))]
-    t0, began = time.monotonic(), time.time()
-    with open(root.parent / f"{run_id}.log", "wb") as log:
-        subprocess.run(cmd, check=True, stdout=log, stderr=log, cwd=REPO)
-    wall, ended = time.monotonic() - t0, time.time()
+def lakeshard_command(conf: Path, run_id: str) -> list[str]:
+    """A night as a scheduler starts it: `lakeshard run` of the bench's stages."""
+    return [str(REPO / ".venv" / "bin" / "lakeshard"), "--conf", str(conf), "run",
+            "--run-id", run_id, *(a for s in STAGES for a in ("--only", s))]
+
+
+def night_events(root: Path, run_id: str, began: float, ended: float) -> dict:
+    """A finished night's stage seconds (its events.jsonl ``stage_end``), and the time
+    from the process's start (`began`, epoch s) to the first stage and from the last
+    stage to its exit (`ended`)."""
     ev = [json.loads(line) for line in
           (root / "reports" / run_id / "events.jsonl").read_text().splitlines()]
     first = min(e["ts"] for e in ev if e["event"] == "stage_start")
     last = max(e["ts"] for e in ev if e["event"] == "stage_end")
-    return {"label": label, "wall": wall,
-            "stages": {e["stage"]: e["seconds"] for e in ev if e["event"] == "stage_end"},
+    return {"stages": {e["stage"]: e["seconds"] for e in ev if e["event"] == "stage_end"},
             "before": first - began, "after": ended - last}
+
+
+def _cold_run(conf: Path, root: Path, run_id: str, label: str) -> dict:
+    """One night as a scheduler runs it: a fresh `lakeshard run` process."""
+    t0, began = time.monotonic(), time.time()
+    with open(root.parent / f"{run_id}.log", "wb") as log:
+        subprocess.run(lakeshard_command(conf, run_id), check=True, stdout=log, stderr=log,
+                       cwd=REPO)
+    wall, ended = time.monotonic() - t0, time.time()
+    return {"label": label, "wall": wall, **night_events(root, run_id, began, ended)}
 
 
 def _print_runs(runs: list[dict], wall: str, extra: list[tuple[str, str]]) -> None:

@@ -27,7 +27,6 @@ each night's Spark jobs (Spark's event log).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -85,13 +84,7 @@ def _night(work: Path, code: Path, run_id: str, eventlog: bool = False) -> dict:
     with open(work / f"{run_id}.log", "wb") as log:
         subprocess.run(cmd, check=True, stdout=log, stderr=log, cwd=code, env=env)
     wall, ended = time.monotonic() - t0, time.time()
-    events = [json.loads(line) for line in
-              (work / "root" / "reports" / run_id / "events.jsonl").read_text().splitlines()]
-    first = min(e["ts"] for e in events if e["event"] == "stage_start")
-    last = max(e["ts"] for e in events if e["event"] == "stage_end")
-    return {"wall": wall, "before": first - began, "after": ended - last,
-            "stages": {e["stage"]: e["seconds"] for e in events
-                       if e["event"] == "stage_end"}}
+    return {"wall": wall, **nightly.night_events(work / "root", run_id, began, ended)}
 
 
 def setup(work: Path, n: int, added: int, code: Path, seed: int) -> None:
