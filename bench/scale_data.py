@@ -15,7 +15,7 @@ Record `i` (key ``r{i:09d}``) is one of three kinds, decided by ``plan(seed, i)`
 A copy always names a plain original (its root), so every planted cluster is one
 original and its copies. Pictures are regenerated from ``(seed, i)`` when a copy needs
 its original: nothing but the current batch is ever held in memory, whatever N is.
-Files are written by a process pool, one file per task, row group by row group.
+Row groups are made by a process pool and written in order, file by file.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["Plan", "plan", "picture", "record_bytes", "write_file", "write_files",
+__all__ = ["Plan", "plan", "picture", "record_bytes", "write_files",
            "key_of", "dhash_distance", "FILE_PATTERN"]
 
 WIDTH, HEIGHT = 160, 120
@@ -125,53 +125,62 @@ def dhash_distance(a: bytes, b: bytes) -> int:
     return (ha ^ hb).bit_count()
 
 
-def _batches(seed: int, start: int, stop: int, copy_rate: float, old_below: int | None,
-             old_rate: float | None) -> Iterator[tuple[list[Plan], list[bytes]]]:
-    for lo in range(start, stop, _ROW_GROUP):
-        plans = [plan(seed, i, copy_rate, old_below, old_rate)
-                 for i in range(lo, min(stop, lo + _ROW_GROUP))]
-        yield plans, [record_bytes(seed, p) for p in plans]
+def _batch(seed: int, lo: int, hi: int, copy_rate: float, old_below: int | None,
+           old_rate: float | None) -> tuple[list[Plan], list[bytes], int]:
+    """Records [lo, hi): their plans, JPEGs, and the largest dHash distance of a near
+    copy from its original."""
+    plans = [plan(seed, i, copy_rate, old_below, old_rate) for i in range(lo, hi)]
+    images = [record_bytes(seed, p) for p in plans]
+    worst = max((dhash_distance(data, record_bytes(seed, Plan(p.original, "plain")))
+                 for p, data in zip(plans, images, strict=True) if p.kind == "near"),
+                default=0)
+    return plans, images, worst
 
 
-def write_file(path: str, seed: int, start: int, stop: int, copy_rate: float,
-               old_below: int | None = None, old_rate: float | None = None) -> dict:
-    """Records [start, stop) into one parquet file, a row group at a time. Returns its
-    planted copies (``{"exact": [[copy, original], …], "near": …}``) and the largest
-    dHash distance of a near copy from its original."""
+def _write(path: str, batches: Iterator[tuple[list[Plan], list[bytes], int]]) -> dict:
+    """One parquet file from `batches` (a row group each), written beside and renamed."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = pa.schema([("key", pa.string()), ("image", pa.binary()), ("caption", pa.string())])
     copies: dict[str, list[list[int]]] = {"exact": [], "near": []}
-    worst = 0
-    tmp = path + ".tmp"
-    with pq.ParquetWriter(tmp, schema) as writer:
-        for plans, images in _batches(seed, start, stop, copy_rate, old_below, old_rate):
-            for p, data in zip(plans, images, strict=True):
+    rows = worst = 0
+    with pq.ParquetWriter(path + ".tmp", schema) as writer:
+        for plans, images, batch_worst in batches:
+            worst, rows = max(worst, batch_worst), rows + len(plans)
+            for p in plans:
                 if p.kind != "plain":
                     copies[p.kind].append([p.index, p.original])
-                if p.kind == "near":
-                    original = record_bytes(seed, Plan(p.original, "plain"))
-                    worst = max(worst, dhash_distance(data, original))
             writer.write_table(pa.table({
                 "key": [key_of(p.index) for p in plans], "image": images,
                 "caption": [f"scale bench record {p.index}, a {p.kind} picture"
                             for p in plans]}, schema=schema))
-    os.replace(tmp, path)
-    return {"path": path, "rows": stop - start, "copies": copies, "worst_near_bits": worst}
+    os.replace(path + ".tmp", path)
+    return {"path": path, "rows": rows, "copies": copies, "worst_near_bits": worst}
 
 
 def write_files(folder: Path, seed: int, start: int, stop: int, file_rows: int,
                 first_file: int, copy_rate: float, old_below: int | None = None,
                 old_rate: float | None = None, workers: int | None = None) -> list[dict]:
-    """Records [start, stop) as files of `file_rows` rows, numbered from `first_file`,
-    written in parallel (one process per file at a time)."""
+    """Records [start, stop) as parquet files of `file_rows` rows, numbered from
+    `first_file`. Row groups of ``_ROW_GROUP`` records are made by a pool of `workers`
+    processes (default: one per core) and written in order by this one, so memory holds
+    a few row groups whatever N is. Returns per file its path, rows, planted copies
+    (``{"exact": [[copy, original], …], "near": …}``) and the largest dHash distance of
+    a near copy from its original."""
     folder.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(folder / FILE_PATTERN.format(first_file + n)), seed, lo,
-             min(stop, lo + file_rows), copy_rate, old_below, old_rate)
-            for n, lo in enumerate(range(start, stop, file_rows))]
-    workers = max(1, min(len(jobs), workers or os.cpu_count() or 1))
-    if workers == 1:
-        return [write_file(*job) for job in jobs]
-    with ProcessPoolExecutor(workers) as pool:
-        return list(pool.map(write_file, *zip(*jobs, strict=True)))
+    workers = max(1, workers or os.cpu_count() or 1)
+    pool = ProcessPoolExecutor(workers) if workers > 1 else None
+    out = []
+    try:
+        for n, lo in enumerate(range(start, stop, file_rows)):
+            hi = min(stop, lo + file_rows)
+            args = [(seed, a, min(hi, a + _ROW_GROUP), copy_rate, old_below, old_rate)
+                    for a in range(lo, hi, _ROW_GROUP)]
+            batches = (pool.map(_batch, *zip(*args, strict=True)) if pool
+                       else (_batch(*a) for a in args))
+            out.append(_write(str(folder / FILE_PATTERN.format(first_file + n)), batches))
+    finally:
+        if pool:
+            pool.shutdown()
+    return out

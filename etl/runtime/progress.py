@@ -4,9 +4,10 @@
 "curate", "seconds": 12.3, …}``): into every open :class:`EventsFile` (the runner keeps
 one per run, ``<root>/reports/<run_id>/events.jsonl``) and on the ``lakeshard.events``
 logger, for log shippers and tests. :class:`StageProgress` is a thread that, while a
-stage runs, polls Spark's status tracker and prints what is running -- the stage name,
-tasks done of total, the rate and an ETA -- every ``interval_s`` seconds, and records the
-same as a ``progress`` event.
+stage runs, reads Spark's status store every ``interval_s`` seconds and prints each
+running step of the stage (its jobs' description: ``curate · list sources``) with the
+records its Spark stages have moved so far, their rate and an ETA, and records the same as a
+``progress`` event.
 
 The console is the CLI's choice (:func:`console`): by default people see the stage
 lines (:func:`say`, progress) and, on stdout, the command's summary; warnings and errors
@@ -38,6 +39,7 @@ __all__ = [
     "ConsoleMode",
     "EventsFile",
     "StageProgress",
+    "step_label",
     "format_eta",
 ]
 
@@ -198,8 +200,54 @@ def format_eta(seconds: float | None) -> str:
     return f"{seconds}s"
 
 
+@dataclass
+class _Step:
+    """One step of a stage (the Spark jobs that share a job description): the records
+    its Spark stages moved so far, when the first of them was submitted (epoch s), and
+    its leading Spark stage's tasks."""
+
+    label: str
+    first_seen: float
+    records: int = 0
+    tasks_done: int = 0
+    tasks_total: int = 0
+    tasks_running: int = 0
+    lead: int = -1  # records of the running Spark stage whose tasks are shown
+    active: bool = False
+    shown: bool = False  # printed while running
+    ended_shown: bool = False  # its end printed
+
+
+def step_label(description: str | None, stage: str) -> str:
+    """What a step does, from its job description (``lakeshard curate: list sources`` ->
+    ``list sources``); jobs without one are the stage's ``other`` work."""
+    if not description:
+        return "other"
+    prefix = f"lakeshard {stage}: "
+    return description[len(prefix):] if description.startswith(prefix) else description
+
+
+def _records(data) -> int:
+    """Records a Spark stage has moved so far: the largest of what it read (files,
+    tables, a shuffle) and wrote (a sink, a shuffle). Spark's status store adds a task's
+    counts when the task ends (on `local[*]` no heartbeat updates them while it runs:
+    measured on Spark 4.1), so the count moves task by task."""
+    return max(int(data.inputRecords()), int(data.shuffleReadRecords()),
+               int(data.outputRecords()), int(data.shuffleWriteRecords()))
+
+
 class StageProgress:
-    """``with StageProgress(spark, run_id, "caption", interval_s=10):`` around a stage."""
+    """``with StageProgress(spark, run_id, "curate", interval_s=10):`` around a stage.
+
+    Every `interval_s` it reads, from Spark's status store (the JVM's ``AppStatusStore``:
+    the records each Spark stage has read and written, added as each of its tasks ends),
+    the Spark stages of the jobs in the caller's job group, and groups them into
+    steps by job description (``lakeshard curate: list sources`` is the step ``list
+    sources``). Per running step it prints and records its records so far -- the
+    largest count of the step's Spark stages, so that one step's count does not restart
+    with each of its jobs -- their rate since the step began, and an ETA from the share
+    of the leading Spark stage's tasks done; a step that ended is printed once more with
+    its total."""
 
     def __init__(self, spark, run_id: str, stage: str, *, interval_s: float, stream=None):
         self.sc = spark.sparkContext
@@ -210,53 +258,104 @@ class StageProgress:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._t0 = time.monotonic()
-        self._last: tuple[float, int] | None = None
+        self._group: str | None = None
+        self._steps: dict[str, _Step] = {}
+        self._finished: dict[int, tuple[str, int]] = {}  # Spark stage -> (step, records)
 
-    def snapshot(self) -> dict | None:
-        """Tasks of the Spark stages running now, or None when nothing runs."""
-        tracker = self.sc.statusTracker()
-        total = done = active = 0
-        for sid in tracker.getActiveStageIds():
-            info = tracker.getStageInfo(sid)
-            if info is None:
+    def _stage_data(self) -> list[tuple[int, Any]]:
+        """(Spark stage id, its last attempt's StageData) of every job in the group."""
+        tracker, store = self.sc.statusTracker(), self.sc._jsc.sc().statusStore()
+        ids: set[int] = set()
+        for job in tracker.getJobIdsForGroup(self._group):
+            info = tracker.getJobInfo(job)
+            if info is not None:
+                ids.update(info.stageIds)
+        out = []
+        for sid in sorted(ids - set(self._finished)):
+            try:
+                out.append((sid, store.lastStageAttempt(sid)))
+            except Exception:  # noqa: BLE001 -- a stage not in the store (skipped, evicted)
                 continue
-            total += info.numTasks
-            done += info.numCompletedTasks
-            active += info.numActiveTasks
-        if not total:
-            return None
-        now = time.monotonic()
-        rate = None
-        if self._last is not None and now > self._last[0] and done >= self._last[1]:
-            rate = (done - self._last[1]) / (now - self._last[0])
-        self._last = (now, done)
-        eta = (total - done) / rate if rate else None
-        return {"tasks_done": done, "tasks_total": total, "tasks_running": active,
-                "tasks_per_s": None if rate is None else round(rate, 3),
-                "eta_s": None if eta is None else round(eta, 1),
-                "elapsed_s": round(now - self._t0, 1)}
+        return out
+
+    def _update(self, now: float) -> None:
+        for step in self._steps.values():
+            step.active, step.records, step.lead = False, 0, -1
+            step.tasks_done = step.tasks_total = step.tasks_running = 0
+        for label, records in self._finished.values():
+            step = self._steps[label]
+            step.records = max(step.records, records)
+        for sid, data in self._stage_data():
+            desc = data.description()
+            label = step_label(desc.get() if desc.isDefined() else None, self.stage)
+            submitted = data.submissionTime()
+            began = submitted.get().getTime() / 1000 if submitted.isDefined() else now
+            step = self._steps.setdefault(label, _Step(label, began))
+            step.first_seen = min(step.first_seen, began)
+            records, status = _records(data), str(data.status())
+            step.records = max(step.records, records)
+            if status == "COMPLETE":
+                self._finished[sid] = (label, records)
+            elif status == "ACTIVE" and records > step.lead:
+                step.active, step.lead = True, records
+                step.tasks_done, step.tasks_total = data.numCompleteTasks(), data.numTasks()
+                step.tasks_running = data.numActiveTasks()
+
+    def snapshot(self) -> list[dict]:
+        """Per step that is running now or ended since the last snapshot: its records,
+        rate, ETA and leading Spark stage's tasks."""
+        now = time.time()
+        self._update(now)
+        out = []
+        for step in self._steps.values():
+            if not step.active and (not step.shown or step.ended_shown):
+                continue  # printed only while it runs, and once when it ends
+            elapsed = now - step.first_seen
+            rate = step.records / elapsed if step.records and elapsed >= 1 else None
+            eta = None
+            if step.active and step.tasks_done and rate:
+                eta = max(0.0, (step.records * step.tasks_total / step.tasks_done
+                                - step.records) / rate)
+            out.append({"step": step.label, "records": step.records,
+                        "records_per_s": None if rate is None else round(rate, 1),
+                        "eta_s": None if eta is None else round(eta, 1),
+                        "done": not step.active, "tasks_done": step.tasks_done,
+                        "tasks_total": step.tasks_total, "tasks_running": step.tasks_running,
+                        "elapsed_s": round(time.monotonic() - self._t0, 1)})
+            step.shown, step.ended_shown = True, not step.active
+        return out
+
+    def records(self) -> dict[str, int]:
+        """Records read so far per step seen, as of the last snapshot."""
+        return {label: step.records for label, step in self._steps.items()}
+
+    def _print(self, snap: dict) -> None:
+        rate = "?" if snap["records_per_s"] is None else f"{snap['records_per_s']:,.0f}"
+        head = f"[lakeshard] {self.stage} · {snap['step']}: {snap['records']:,} records"
+        if snap["done"]:
+            line = f"{head}, done ({rate} records/s)"
+        else:
+            line = (f"{head}, {rate} records/s, ETA {format_eta(snap['eta_s'])} "
+                    f"({snap['tasks_done']}/{snap['tasks_total']} tasks, "
+                    f"{snap['tasks_running']} running), "
+                    f"{format_eta(snap['elapsed_s'])} elapsed")
+        print(line, file=self.stream, flush=True)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
             try:
-                snap = self.snapshot()
-            except Exception:  # the context is stopping: progress is best effort
+                snaps = self.snapshot()
+            except Exception:  # noqa: BLE001 -- the context is stopping: best effort
                 return
-            if snap is None:
-                continue
-            rate = "?" if snap["tasks_per_s"] is None else f"{snap['tasks_per_s']:.2f}"
-            if _MODE.human:
-                print(
-                    f"[lakeshard] {self.stage}: {snap['tasks_done']}/{snap['tasks_total']} "
-                    f"tasks done ({snap['tasks_running']} running), {rate} tasks/s, "
-                    f"ETA {format_eta(snap['eta_s'])}, {format_eta(snap['elapsed_s'])} "
-                    "elapsed",
-                    file=self.stream, flush=True,
-                )
-            event("progress", run_id=self.run_id, stage=self.stage, **snap)
+            for snap in snaps:
+                if _MODE.human:
+                    self._print(snap)
+                event("progress", run_id=self.run_id, stage=self.stage, **snap)
 
     def __enter__(self) -> StageProgress:
-        if self.interval_s > 0:
+        # The caller's job group (a thread-local property, so read here, not in the thread).
+        self._group = self.sc.getLocalProperty("spark.jobGroup.id")
+        if self.interval_s > 0 and self._group:
             self._thread = threading.Thread(target=self._loop, name="lakeshard-progress",
                                             daemon=True)
             self._thread.start()
