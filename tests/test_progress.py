@@ -14,18 +14,18 @@ def test_step_records_reach_n_across_jobs(spark, tmp_path):
 
     def slow(batches):  # defined here: pickled by value for Spark's Python workers
         for batch in batches:
-            time.sleep(1.0)
+            time.sleep(0.5)
             yield batch
 
-    n = 3000
+    n = 2000
     path = str(tmp_path / "records.parquet")
-    spark.range(n, numPartitions=3).write.parquet(path)
+    spark.range(n, numPartitions=2).write.parquet(path)
     sc = spark.sparkContext
     stream = io.StringIO()
     sc.setJobGroup("lakeshard-progress-test-curate", "lakeshard curate (test)")
     try:
         with console("text"), StageProgress(spark, "progress-test", "curate",
-                                            interval_s=0.2, stream=stream) as progress:
+                                            interval_s=0.5, stream=stream) as progress:
             sc.setJobDescription("lakeshard curate: prepare")
             frame = spark.read.parquet(path).mapInArrow(slow, "id long")
             assert frame.count() == n
@@ -39,6 +39,14 @@ def test_step_records_reach_n_across_jobs(spark, tmp_path):
     assert all(s["records"] <= n for s in snaps)
     lines = [line for line in stream.getvalue().splitlines() if "prepare" in line]
     assert lines, "no progress line for the step"
-    assert lines[-1].startswith("[lakeshard] curate · prepare: 3,000 records")
+    assert lines[-1].startswith("[lakeshard] curate · prepare: 2,000 records")
     assert step_label("lakeshard export: write partitions", "export") == "write partitions"
     assert step_label(None, "dedup") == "other"
+    assert step_label("Delta: Delta: lakeshard curate: list sources, compare with the "
+                      "manifest: Filtering files for query: Compute snapshot for version: 1",
+                      "curate") == "list sources, compare with the manifest"
+    assert step_label("lakeshard curate: merge Delta rejects, manifest, accounting - MERGE "
+                      "operation - writing new files", "curate") == (
+        "merge Delta rejects, manifest, accounting")
+    assert step_label("lakeshard curate: nothing changed: record accounting",
+                      "curate") == "nothing changed: record accounting"

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -44,6 +45,8 @@ __all__ = [
 ]
 
 events_log = logging.getLogger("lakeshard.events")
+# Where Delta Lake's own words start in a job description it wrapped.
+_DELTA_SUFFIX = re.compile(r": (?=[A-Z])| - (?=[A-Z])")
 
 
 @dataclass(frozen=True)
@@ -207,7 +210,7 @@ class _Step:
     its leading Spark stage's tasks."""
 
     label: str
-    first_seen: float
+    began: float
     records: int = 0
     tasks_done: int = 0
     tasks_total: int = 0
@@ -220,11 +223,16 @@ class _Step:
 
 def step_label(description: str | None, stage: str) -> str:
     """What a step does, from its job description (``lakeshard curate: list sources`` ->
-    ``list sources``); jobs without one are the stage's ``other`` work."""
+    ``list sources``). Delta Lake wraps the description of the jobs it starts (``Delta:
+    lakeshard curate: <step>: Filtering files for query``, ``<step> - MERGE operation``):
+    those count under the step they serve, cut where Delta's capitalised phrase begins.
+    Jobs without a description are the stage's ``other`` work."""
     if not description:
         return "other"
     prefix = f"lakeshard {stage}: "
-    return description[len(prefix):] if description.startswith(prefix) else description
+    at = description.find(prefix)
+    rest = description[at + len(prefix):] if at >= 0 else description
+    return _DELTA_SUFFIX.split(rest, maxsplit=1)[0][:80]
 
 
 def _records(data) -> int:
@@ -261,21 +269,32 @@ class StageProgress:
         self._group: str | None = None
         self._steps: dict[str, _Step] = {}
         self._finished: dict[int, tuple[str, int]] = {}  # Spark stage -> (step, records)
+        self._never_ran: set[int] = set()  # skipped, or not submitted by a job that ended
 
     def _stage_data(self) -> list[tuple[int, Any]]:
-        """(Spark stage id, its last attempt's StageData) of every job in the group."""
+        """(Spark stage id, its last attempt's StageData) of the jobs in the group, but
+        for stages already done (kept) or that never ran in a job that ended."""
         tracker, store = self.sc.statusTracker(), self.sc._jsc.sc().statusStore()
-        ids: set[int] = set()
+        stages: dict[int, bool] = {}  # stage id -> whether its job still runs
         for job in tracker.getJobIdsForGroup(self._group):
             info = tracker.getJobInfo(job)
             if info is not None:
-                ids.update(info.stageIds)
+                running = str(info.status) in ("RUNNING", "UNKNOWN")
+                for sid in info.stageIds:
+                    stages[sid] = stages.get(sid, False) or running
         out = []
-        for sid in sorted(ids - set(self._finished)):
-            try:
-                out.append((sid, store.lastStageAttempt(sid)))
-            except Exception:  # noqa: BLE001 -- a stage not in the store (skipped, evicted)
+        for sid, running in sorted(stages.items()):
+            if sid in self._finished or sid in self._never_ran:
                 continue
+            try:
+                data = store.lastStageAttempt(sid)
+            except Exception:  # noqa: BLE001 -- not in the store: not submitted (yet)
+                data = None
+            if data is None or str(data.status()) == "SKIPPED":
+                if not running or data is not None:
+                    self._never_ran.add(sid)
+                continue
+            out.append((sid, data))
         return out
 
     def _update(self, now: float) -> None:
@@ -291,7 +310,7 @@ class StageProgress:
             submitted = data.submissionTime()
             began = submitted.get().getTime() / 1000 if submitted.isDefined() else now
             step = self._steps.setdefault(label, _Step(label, began))
-            step.first_seen = min(step.first_seen, began)
+            step.began = min(step.began, began)
             records, status = _records(data), str(data.status())
             step.records = max(step.records, records)
             if status == "COMPLETE":
@@ -310,7 +329,7 @@ class StageProgress:
         for step in self._steps.values():
             if not step.active and (not step.shown or step.ended_shown):
                 continue  # printed only while it runs, and once when it ends
-            elapsed = now - step.first_seen
+            elapsed = now - step.began
             rate = step.records / elapsed if step.records and elapsed >= 1 else None
             eta = None
             if step.active and step.tasks_done and rate:
