@@ -113,3 +113,22 @@ def test_a_hive_catalog_run_registers_every_table_and_follows_a_moved_root(tmp_p
     assert got["where"] == {n: str(moved_root / "delta" / n) for n in delta}
     assert (root / "_catalog" / "metastore_db").is_dir()
     assert not (REPO / "derby.log").exists()
+
+
+def test_the_deploy_files_set_the_catalog():
+    from etl.config import load_config
+    from etl.config.catalog import GLUE_FACTORY, GLUE_FACTORY_KEY
+    from etl.session import catalog_conf
+
+    dbx = load_config(REPO / "conf" / "databricks.yaml").catalog
+    assert (dbx.kind, dbx.namespace, dbx.publish_curated_meta) == (
+        "unity", "main.lakeshard", True)
+    emr = load_config(REPO / "conf" / "emr.yaml")
+    assert (emr.catalog.kind, emr.catalog.publish_curated_meta) == ("glue", True)
+    assert catalog_conf(emr) == {"spark.sql.catalogImplementation": "hive",
+                                 GLUE_FACTORY_KEY: GLUE_FACTORY}
+    cluster = {c["Classification"]: c["Properties"] for c in json.loads(
+        (REPO / "deploy" / "emr-configurations.json").read_text())}
+    assert cluster["spark-hive-site"]["hive.metastore.client.factory.class"] == GLUE_FACTORY
+    local = load_config(REPO / "conf" / "local.yaml")
+    assert local.catalog.kind == "none" and catalog_conf(local) == {}
