@@ -149,6 +149,12 @@ class Layout:
         return _join(self.catalog_dir, "warehouse")
 
     @property
+    def catalog_memo(self) -> str:
+        """Where and what the last registration registered
+        (:mod:`etl.lakehouse.registration`)."""
+        return _join(self.meta_dir, "catalog.json")
+
+    @property
     def curated_meta_memo(self) -> str:
         """The Lance version and fragments curated_meta last mirrored
         (:mod:`etl.lakehouse.curated_meta`)."""

@@ -2,7 +2,8 @@
 through a run, a removal, a takedown, a caption run and a compact.
 
 The expectation is read here from Lance with pylance (every column but the image bytes
-and vectors: binary and fixed-size-list columns) and compared with delta-rs's read of
+and vectors: binary and fixed-size-list columns), each row with its duplicate cluster
+and role from the dedup table (delta-rs), and compared with delta-rs's read of
 curated_meta, whatever the code under test decided to write.
 """
 
@@ -18,14 +19,22 @@ from etl import tables
 from etl.pipeline.runner import run_command, run_pipeline
 from etl.schema import sample_id_of
 
+_ROLE = ("dup_cluster_id", "is_canonical", "dup_kind", "cluster_size")
 
-def _expected(curated: str) -> dict[str, dict]:
-    ds = lance.dataset(curated)
+
+def _expected(paths) -> dict[str, dict]:
+    ds = lance.dataset(paths.curated)
     keep = [f.name for f in ds.schema
             if f.name != "image" and not pa.types.is_binary(f.type)
             and not pa.types.is_large_binary(f.type)
             and not pa.types.is_fixed_size_list(f.type)]
-    return {r["sample_id"]: r for r in ds.to_table(columns=keep).to_pylist()}
+    roles = {}
+    if DeltaTable.is_deltatable(paths.dedup):
+        for r in DeltaTable(paths.dedup).to_pyarrow_table().to_pylist():
+            roles[r["sample_id"]] = {c: r[c] for c in _ROLE}
+    none = dict.fromkeys(_ROLE)
+    return {r["sample_id"]: {**r, **roles.get(r["sample_id"], none)}
+            for r in ds.to_table(columns=keep).to_pylist()}
 
 
 def _meta(path: str) -> dict[str, dict]:
@@ -36,7 +45,7 @@ def _meta(path: str) -> dict[str, dict]:
 
 
 def _same(paths) -> dict[str, dict]:
-    want, got = _expected(paths.curated), _meta(paths.curated_meta)
+    want, got = _expected(paths), _meta(paths.curated_meta)
     assert got == want
     return got
 
@@ -63,6 +72,7 @@ def test_curated_meta_follows_lance_through_removal_takedown_caption_and_compact
     run_pipeline(cfg, only=("curate", "dedup"))
     first = _same(paths)
     assert len(first) == 8
+    assert all(r["dup_kind"] is not None for r in first.values())  # dedup ran
     assert not any(k.endswith("image") for k in next(iter(first.values())))
 
     # A record leaves its source: its row leaves curated_meta in the same run, and only

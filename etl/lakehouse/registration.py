@@ -4,8 +4,13 @@
 Each table is an external table at its location, with a comment saying what it is (the
 Delta table's own description, which every engine shows: set once, through Spark, when
 it differs).
-Idempotent: one ``SHOW TABLE EXTENDED`` lists what the catalog holds (metadata only, no
-table is read); a table already registered at its location costs nothing more. A table
+Idempotent, and free on a night that changed nothing: a memo (derived state,
+``<root>/_lakeshard/catalog.json``) holds the catalog, tables and locations last
+registered, and when they are the ones the root holds now the metastore is not even
+started. Otherwise one ``SHOW TABLE EXTENDED`` lists what the catalog holds (the
+database is created when that finds none), and a table already registered at its
+location costs nothing more. A table dropped from the catalog by hand comes back once
+the memo goes (delete it, or change the `catalog:` section). A table
 registered at another location (the root moved) is dropped from the catalog -- an
 external table, so its files stay -- and created again at the new one, with a warning
 naming both. A managed table of that name (lakeshard registers only external ones) is
@@ -20,11 +25,13 @@ import threading
 import time
 from dataclasses import dataclass
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from etl import tables
 from etl.config import Config
 from etl.errors import ConfigError
+from etl.lakehouse.derived import DerivedState
 from etl.storage import delta_exists, delta_rs_table
 
 __all__ = ["Registration", "register_tables", "catalog_tables", "warm_catalog"]
@@ -38,12 +45,14 @@ _COMMENT = re.compile(r"^Comment: (.*)$", re.MULTILINE)
 
 @dataclass(frozen=True)
 class Registration:
-    """What one registration did: tables created, moved (re-registered), unchanged."""
+    """What one registration did: tables created, moved (re-registered), unchanged;
+    `checked`: whether the catalog was asked (False: the memo said nothing changed)."""
 
     created: tuple[str, ...]
     moved: tuple[str, ...]
     unchanged: tuple[str, ...]
     seconds: float
+    checked: bool = True
 
 
 @dataclass(frozen=True)
@@ -72,12 +81,30 @@ def _check_session(spark: SparkSession, cfg: Config) -> None:
                 "start a new process (etl.session.get_spark sets it from the config)")
 
 
+def _present(cfg: Config) -> dict[str, str]:
+    """The Delta tables the root holds, by name, with their locations."""
+    lay = tables.layout(cfg)
+    return {n: lay.delta_table(n) for n in tables.DELTA_TABLES
+            if delta_exists(lay.delta_table(n))}
+
+
+def _memo(cfg: Config) -> DerivedState:
+    return DerivedState(tables.layout(cfg).catalog_memo, "catalog")
+
+
+def _key(cfg: Config, present: dict[str, str]) -> dict:
+    cat = cfg.catalog
+    return {"kind": cat.kind, "namespace": cat.namespace, "uri": cat.metastore_uri,
+            "prefix": cat.comment_prefix, "tables": present}
+
+
 def warm_catalog(spark: SparkSession, cfg: Config) -> threading.Thread | None:
     """Start the metastore client on a thread, overlapping the stages: its start (the
     Hive client's classes, Derby or a metastore connection) is most of a registration's
     cost, and the tables are registered only once the stages have committed. None
-    when no catalog is configured."""
-    if not cfg.catalog.enabled:
+    when no catalog is configured, or when the memo says the root's tables are
+    registered already (a night that adds none never starts the client)."""
+    if not cfg.catalog.enabled or _memo(cfg).load(_key(cfg, _present(cfg))) is not None:
         return None
 
     def start() -> None:
@@ -141,15 +168,19 @@ def register_tables(spark: SparkSession, cfg: Config) -> Registration | None:
         return None
     t0 = time.monotonic()
     _check_session(spark, cfg)
-    lay = tables.layout(cfg)
-    present = [n for n in tables.DELTA_TABLES if delta_exists(lay.delta_table(n))]
-    spark.sql(f"CREATE {'SCHEMA' if cat.kind == 'unity' else 'DATABASE'} IF NOT EXISTS "
-              f"{cat.namespace} COMMENT "
-              f"{_literal(f'{cat.comment_prefix}: the tables of {cfg.storage.root}')}")
-    held = catalog_tables(spark, cfg)
+    present = _present(cfg)
+    key = _key(cfg, present)
+    if _memo(cfg).load(key) is not None:
+        return Registration((), (), tuple(present), time.monotonic() - t0, checked=False)
+    try:
+        held = catalog_tables(spark, cfg)
+    except AnalysisException:  # no such database yet: the first registration
+        spark.sql(f"CREATE {'SCHEMA' if cat.kind == 'unity' else 'DATABASE'} IF NOT EXISTS "
+                  f"{cat.namespace} COMMENT "
+                  f"{_literal(f'{cat.comment_prefix}: the tables of {cfg.storage.root}')}")
+        held = {}
     created, moved, unchanged = [], [], []
-    for name in present:
-        location = lay.delta_table(name)
+    for name, location in present.items():
         entry = held.get(name)
         if entry is None:
             _create(spark, cfg, name, location)
@@ -169,6 +200,7 @@ def register_tables(spark: SparkSession, cfg: Config) -> Registration | None:
             _create(spark, cfg, name, location)
             moved.append(name)
         _describe(spark, cfg, name, location)
+    _memo(cfg).save(key, {"created": created, "moved": moved})
     out = Registration(tuple(created), tuple(moved), tuple(unchanged),
                        time.monotonic() - t0)
     log.info("catalog %s (%s): %d table(s) registered, %d moved, %d unchanged in %.2f s",

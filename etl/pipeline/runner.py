@@ -347,7 +347,11 @@ def _call_stage(spark, cfg: Config, ctx: RunContext, stage: Stage) -> StageResul
         fault_point(f"{stage.name}:start")
         with StageProgress(spark, ctx.run_id, stage.name,
                            interval_s=cfg.run.progress_interval_s):
-            result = stage.run(spark, cfg, ctx)
+            try:
+                result = stage.run(spark, cfg, ctx)
+            except Exception:
+                _sync_after_failure(spark, cfg, stage.name)
+                raise
             # curated_meta follows the Lance table after every stage that may move it
             # (a no-op when not published, or when the Lance version did not move).
             curated_meta.sync(spark, cfg)
@@ -355,6 +359,17 @@ def _call_stage(spark, cfg: Config, ctx: RunContext, stage: Stage) -> StageResul
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setJobDescription(None)
+
+
+def _sync_after_failure(spark, cfg: Config, stage: str) -> None:
+    """curated_meta brought to what a failed stage committed to Lance before it failed
+    (its deletions above all); the stage's own error is the one raised."""
+    try:
+        curated_meta.sync(spark, cfg)
+    except Exception as exc:  # noqa: BLE001 -- the stage's failure is the one to tell
+        log.warning("curated_meta could not follow the Lance table after stage %s failed "
+                    "(the next run's first stage brings it in step): %s: %s", stage,
+                    type(exc).__name__, exc)
 
 
 def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome, *,
@@ -412,7 +427,8 @@ def _register(spark, cfg: Config, out: RunOutcome, warming) -> None:
         out.seconds["catalog"] = time.monotonic() - t0
         event("catalog", run_id=out.run_id, namespace=cfg.catalog.namespace,
               created=list(done.created), moved=list(done.moved),
-              unchanged=len(done.unchanged), seconds=round(done.seconds, 2))
+              unchanged=len(done.unchanged), checked=done.checked,
+              seconds=round(done.seconds, 2))
 
 
 def _upload_events(local: str, final: str) -> None:
