@@ -26,7 +26,9 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from etl import tables
 from etl.config import Config
+from etl.config.catalog import GLUE_FACTORY, GLUE_FACTORY_KEY
 from etl.config.runtime import S3_SCHEMES, S3A_RETRY_CONF
 from etl.errors import JarsMissingError, UnsupportedSparkError
 from etl.runtime.jvm import driver_jvm, starts_own_jvm
@@ -35,7 +37,7 @@ from etl.writers.remote import s3_settings
 
 __all__ = [
     "spark_conf", "get_spark", "JarsMissingError", "uses_s3", "supplies_s3a",
-    "check_spark_version", "SUPPORTED_SPARK",
+    "check_spark_version", "SUPPORTED_SPARK", "catalog_conf",
 ]
 
 # Delta's Spark JAR for Scala 2.13: `delta-spark_2.13-4.0.*.jar` (Delta 4.0, Spark 4.0) or
@@ -124,6 +126,41 @@ def _executor_env(cfg: Config) -> dict[str, str]:
     return {f"spark.executorEnv.{k}": os.environ[k] for k in keys if os.environ.get(k)}
 
 
+def catalog_conf(cfg: Config) -> dict[str, str]:
+    """Spark's catalog settings for `catalog:` (docs/sql.md): Hive support for kinds
+    hive and glue -- the embedded Derby metastore under ``<root>/_catalog`` (a local
+    root: etl.config refuses it on an object store), a standalone one at
+    `metastore_uri`, or EMR's Glue client; nothing for ``none`` and ``unity``
+    (Databricks' session is the cluster's own)."""
+    cat = cfg.catalog
+    if cat.kind not in ("hive", "glue"):
+        return {}
+    conf = {"spark.sql.catalogImplementation": "hive"}
+    if cat.embedded:
+        lay = tables.layout(cfg)
+        db = Path(lay.metastore_db).resolve()
+        conf.update({
+            "spark.hadoop.javax.jdo.option.ConnectionURL":
+                f"jdbc:derby:;databaseName={db};create=true",
+            "spark.sql.warehouse.dir": str(Path(lay.catalog_warehouse).resolve()),
+        })
+    elif cat.metastore_uri is not None:
+        conf["spark.hadoop.hive.metastore.uris"] = cat.metastore_uri
+    else:
+        conf[GLUE_FACTORY_KEY] = GLUE_FACTORY
+    return conf
+
+
+def _derby_log(cfg: Config, conf: dict[str, str]) -> None:
+    """The embedded metastore's derby.log beside it, not in the working directory."""
+    if cfg.catalog.embedded:
+        log_dir = Path(tables.layout(cfg).catalog_dir).resolve()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        log_file = log_dir / "derby.log"
+        conf[_JAVA_OPTIONS] = " ".join(filter(None, [
+            conf.get(_JAVA_OPTIONS), f"-Dderby.stream.error.file={log_file}"]))
+
+
 def spark_conf(cfg: Config) -> dict[str, str]:
     """Every Spark setting lakeshard applies; config's `spark.conf` wins."""
     conf = {
@@ -172,11 +209,13 @@ def spark_conf(cfg: Config) -> dict[str, str]:
     warehouse = Path(root, "warehouse") if not cfg.storage.is_remote else Path(
         cfg.storage.local_cache, "spark-warehouse")
     conf["spark.sql.warehouse.dir"] = str(warehouse.resolve())
+    conf.update(catalog_conf(cfg))
     # Extra JARs from config add to lakeshard's list instead of replacing it.
     extra = cfg.spark.conf.get("spark.jars")
     conf.update(cfg.spark.conf)
     if extra and jars:
         conf["spark.jars"] = ",".join([*jars, *(j for j in extra.split(",") if j.strip())])
+    _derby_log(cfg, conf)
     return conf
 
 

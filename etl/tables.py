@@ -10,9 +10,13 @@ to open it (or fail saying which command creates it).
     <root>/delta/dedup                       duplicate clusters of the curated rows
     <root>/delta/runs                        the run ledger (append-only events)
     <root>/delta/takedowns                   takedown requests and what they matched
+    <root>/delta/curated_meta                the curated columns without image bytes and
+                                             vectors, for SQL engines (catalog.publish_curated_meta)
     <root>/mds/<export>/                     MDS exports
     <root>/reports/<run_id>/                 run reports
     <root>/_lock/run.lock                    the run lock (a file, or an S3 object)
+    <root>/_catalog/metastore_db             Spark's embedded Hive metastore (catalog.kind
+    <root>/_catalog/warehouse                hive without a metastore_uri) and its warehouse
 
 The root may be a local folder or ``s3://bucket/prefix`` (``s3a://``): Delta paths keep
 the root's scheme (Spark's connector reads them), Lance tables and exports are handed
@@ -40,6 +44,8 @@ __all__ = [
     "DEDUP",
     "RUNS",
     "TAKEDOWNS",
+    "CURATED_META",
+    "DELTA_TABLES",
     "Layout",
     "layout",
     "export_path",
@@ -56,13 +62,28 @@ ACCOUNTING = "accounting"
 DEDUP = "dedup"
 RUNS = "runs"
 TAKEDOWNS = "takedowns"
+CURATED_META = "curated_meta"  # Delta mirror of curated (catalog.publish_curated_meta)
+
+# Every Delta table a run may write, with what it is: the comment it is registered
+# under in a catalog (etl.lakehouse.registration).
+DELTA_TABLES = {
+    MANIFEST: "bronze manifest: one row per source record, with its fingerprint and "
+              "whether it was removed",
+    REJECTS: "records that did not make it into the curated table, with their stage "
+             "and reason",
+    ACCOUNTING: "per run and source: input records by outcome (curated, rejected, "
+                "removed)",
+    DEDUP: "duplicate clusters of the curated rows: cluster id and role per sample",
+    RUNS: "the run ledger: one row per run and stage transition, with counts and "
+          "table versions",
+    TAKEDOWNS: "takedown requests and the samples they matched",
+    CURATED_META: "the curated table's columns without image bytes and vectors, kept in "
+                  "step with the Lance table after every stage",
+}
+
 
 def _join(root: str, *parts: str) -> str:
     return "/".join([root.rstrip("/"), *parts])
-
-
-
-
 
 
 @dataclass(frozen=True)
@@ -115,6 +136,31 @@ class Layout:
         return _join(self.meta_dir, "counts", f"{table}.json")
 
     @property
+    def catalog_dir(self) -> str:
+        """Spark's embedded Hive metastore and its warehouse (a local root only)."""
+        return _join(self.root, "_catalog")
+
+    @property
+    def metastore_db(self) -> str:
+        return _join(self.catalog_dir, "metastore_db")
+
+    @property
+    def catalog_warehouse(self) -> str:
+        return _join(self.catalog_dir, "warehouse")
+
+    @property
+    def catalog_memo(self) -> str:
+        """Where and what the last registration registered
+        (:mod:`etl.lakehouse.registration`)."""
+        return _join(self.meta_dir, "catalog.json")
+
+    @property
+    def curated_meta_memo(self) -> str:
+        """The Lance version and fragments curated_meta last mirrored
+        (:mod:`etl.lakehouse.curated_meta`)."""
+        return _join(self.meta_dir, "curated_meta.json")
+
+    @property
     def samples_dir(self) -> str:
         return _join(self.root, "samples")
 
@@ -158,6 +204,10 @@ class Layout:
     def takedowns(self) -> str:
         return self.delta_table(TAKEDOWNS)
 
+    @property
+    def curated_meta(self) -> str:
+        return self.delta_table(CURATED_META)
+
 
 def layout(cfg: Config) -> Layout:
     return Layout.of(cfg.storage)
@@ -176,12 +226,6 @@ def export_path(cfg: Config, name: str) -> str:
     return object_url(cfg.export(name).path or layout(cfg).export_dir(name))
 
 
-
-
-
-
-
-
 def open_curated(cfg: Config, version: int | None = None):
     """The curated Lance dataset (at `version`), or TableMissingError naming the fix."""
     import lance
@@ -197,17 +241,3 @@ def open_curated(cfg: Config, version: int | None = None):
         if version is not None:
             raise TableMissingError(f"{path} has no version {version}: {exc}") from None
         raise
-
-
-
-
-
-
-
-
-
-
-
-
-
-

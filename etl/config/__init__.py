@@ -10,6 +10,7 @@ the registries (source kinds, stage names) or the inputs live in
 from etl.config.base import FieldError
 from etl.config.bounds import DriverBounds
 from etl.config.budgets import BudgetsConfig
+from etl.config.catalog import CatalogConfig
 from etl.config.curation import (
     DEDUP_POLICY_KEYS,
     SCALAR_INDEX_TYPES,
@@ -42,6 +43,7 @@ __all__ = [
     "SourceConfig",
     "RunConfig",
     "BudgetsConfig",
+    "CatalogConfig",
     "DriverBounds",
     "PrepareConfig",
     "FetchConfig",

@@ -9,6 +9,7 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from etl.config.base import FieldError, Section, keyed
 from etl.config.bounds import DriverBounds, moved_bounds
+from etl.config.catalog import GLUE_FACTORY, GLUE_FACTORY_KEY, CatalogConfig
 from etl.config.curation import DedupConfig, ExportConfig, LakehouseConfig
 from etl.config.images import USER_AGENT_PLACEHOLDER, FetchConfig, PrepareConfig
 from etl.config.inference import CaptionConfig, LatentsConfig
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 _SECTIONS_WITH_DEFAULTS = (
     "spark", "prepare", "exports", "caption", "latents", "lakehouse", "dedup", "run", "fetch",
-    "driver",
+    "driver", "catalog",
 )
 
 
@@ -46,6 +47,7 @@ class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     fetch: FetchConfig = Field(default_factory=FetchConfig)
     driver: DriverBounds = Field(default_factory=DriverBounds)
+    catalog: CatalogConfig = Field(default_factory=CatalogConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -101,7 +103,34 @@ class Config(Section):
                 "sees, an s3:// lock, or `run.lock: false` when the scheduler alone prevents "
                 "overlapping runs",
             )
+        self._check_catalog()
         return self
+
+    def _check_catalog(self) -> None:
+        """The catalog against the root and Spark's settings: a metastore a run can
+        reach, names it can register."""
+        cat = self.catalog
+        if cat.embedded and self.storage.is_remote:
+            raise FieldError(
+                "catalog.metastore_uri",
+                f"storage.root is on {self.storage.scheme}://, where Spark's embedded "
+                "(Derby) metastore cannot live: give the thrift:// URI of a Hive metastore "
+                "every driver reaches (docs/sql.md)")
+        if cat.kind == "unity" and self.storage.root.startswith("/Volumes/"):
+            raise FieldError(
+                "storage.root",
+                "Unity Catalog registers external tables at cloud URLs (s3://, abfss://, "
+                "gs://) of an external location, never under /Volumes: put the root on "
+                "the external location's URL (docs/sql.md, \"Databricks\")")
+        factory = self.spark.conf.get(GLUE_FACTORY_KEY)
+        if cat.kind == "glue" and factory not in (None, GLUE_FACTORY):
+            raise FieldError(
+                f"spark.conf.{GLUE_FACTORY_KEY}",
+                f"is {factory!r}, but catalog.kind glue needs {GLUE_FACTORY} (or unset: "
+                "lakeshard sets it)")
+        if cat.kind != "glue" and factory == GLUE_FACTORY:
+            raise FieldError("catalog.kind", f"spark.conf sets the Glue metastore client; "
+                             f"set catalog.kind: glue (not {cat.kind})")
 
     def source(self, name: str) -> SourceConfig:
         for src in self.sources:

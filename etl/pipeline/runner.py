@@ -36,6 +36,7 @@ from typing import Any
 from etl import ledger, tables
 from etl.config import Config
 from etl.errors import BudgetExceededError, ConfigError
+from etl.lakehouse import curated_meta, registration
 from etl.migrations import migrate
 from etl.pipeline.budgets import BudgetBreach, check_budget
 from etl.pipeline.preflight import check_run_id
@@ -346,16 +347,36 @@ def _call_stage(spark, cfg: Config, ctx: RunContext, stage: Stage) -> StageResul
         fault_point(f"{stage.name}:start")
         with StageProgress(spark, ctx.run_id, stage.name,
                            interval_s=cfg.run.progress_interval_s):
-            return stage.run(spark, cfg, ctx)
+            try:
+                result = stage.run(spark, cfg, ctx)
+            except Exception:
+                _sync_after_failure(spark, cfg, stage.name)
+                raise
+            # curated_meta follows the Lance table after every stage that may move it
+            # (a no-op when not published, or when the Lance version did not move).
+            curated_meta.sync(spark, cfg)
+            return result
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setJobDescription(None)
+
+
+def _sync_after_failure(spark, cfg: Config, stage: str) -> None:
+    """curated_meta brought to what a failed stage committed to Lance before it failed
+    (its deletions above all); the stage's own error is the one raised."""
+    try:
+        curated_meta.sync(spark, cfg)
+    except Exception as exc:  # noqa: BLE001 -- the stage's failure is the one to tell
+        log.warning("curated_meta could not follow the Lance table after stage %s failed "
+                    "(the next run's first stage brings it in step): %s: %s", stage,
+                    type(exc).__name__, exc)
 
 
 def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome, *,
              summary: bool) -> None:
     _warm(cfg, stages, ctx, report=summary and cfg.run.report)
     spark = _start_spark(cfg, out)
+    warming = registration.warm_catalog(spark, cfg)
     run = _Run(spark, cfg, ctx, out, stages, summary)
     started = run.begin(stages[0].name)
     for i, stage in enumerate(stages):
@@ -380,7 +401,34 @@ def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome,
         started = run.stage_done(stage.name, result, secs, started,
                                  stages[i + 1].name if i + 1 < len(stages) else None)
         fault_point(f"{stage.name}:done")
+    _register(spark, cfg, out, warming)
     run.finish()
+
+
+def _register(spark, cfg: Config, out: RunOutcome, warming) -> None:
+    """Every Delta table registered in the configured catalog, once the stages have
+    committed (etl.lakehouse.registration). The stages' outputs stand whatever happens
+    here: a catalog that cannot be reached is logged and recorded (event
+    ``catalog_failed``), and the next run registers again."""
+    if warming is not None:
+        warming.join()
+    t0 = time.monotonic()
+    try:
+        done = registration.register_tables(spark, cfg)
+    except Exception as exc:  # noqa: BLE001 -- recorded; the stages committed
+        msg = f"{type(exc).__name__}: {exc}"[:2000]
+        log.error("the tables of run %s could not be registered in catalog %s (the run's "
+                  "stages committed; the run is not failed): %s", out.run_id,
+                  cfg.catalog.namespace, msg, exc_info=True)
+        event("catalog_failed", run_id=out.run_id, error=msg)
+        say(f"catalog: FAILED ({msg[:200]})")
+        return
+    if done is not None:
+        out.seconds["catalog"] = time.monotonic() - t0
+        event("catalog", run_id=out.run_id, namespace=cfg.catalog.namespace,
+              created=list(done.created), moved=list(done.moved),
+              unchanged=len(done.unchanged), checked=done.checked,
+              seconds=round(done.seconds, 2))
 
 
 def _upload_events(local: str, final: str) -> None:
