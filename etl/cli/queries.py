@@ -114,11 +114,11 @@ def _sql(cfg: Config, opts: SqlOptions, run_id: None) -> int:
     from etl.session import get_spark
 
     spark = get_spark(cfg)
-    refused = refusal(spark, opts.query)  # parsed, not run
+    refused = refusal(spark, opts.query, cfg.storage.root)  # parsed, not run
     if refused is not None:
-        return fail(f"lakeshard sql: refused: the statement is {refused}, which is not "
-                     "read-only; lakeshard sql runs a query, EXPLAIN, SHOW or DESCRIBE "
-                     "only (docs/sql.md#read-only)", 2)
+        return fail(f"lakeshard sql: refused: {refused}; lakeshard sql runs a read-only "
+                    "query, EXPLAIN, SHOW or DESCRIBE over the tables and the storage root "
+                    "only (docs/sql.md#read-only)", 2)
     views = register_views(spark, cfg)
     logging.getLogger("lakeshard").info("views: %s", ", ".join(views) or "none")
     spark.sql(opts.query).show(opts.limit, truncate=not opts.no_truncate)
