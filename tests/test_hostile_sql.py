@@ -33,7 +33,8 @@ READ_ONLY = [
     "SELECT * FROM parquet.`/r/a/../b`", "SELECT * FROM delta.`/r/delta/rejects@v1`",
     "SELECT * FROM explode(array(1, 2))", "SELECT * FROM db.t", "SELECT * FROM cat.db.t",
     "SELECT * FROM t LATERAL VIEW explode(x) e AS y",
-    "SHOW TABLES IN lakeshard", "SHOW TABLE EXTENDED LIKE 'r*'", "DESCRIBE lakeshard.rejects",
+    "SHOW TABLES IN lakeshard", "USE lakeshard", "USE spark_catalog.default",
+    "SHOW TABLE EXTENDED LIKE 'r*'", "DESCRIBE lakeshard.rejects",
 ]
 _JVM = "(a function that calls into the JVM or reads its workers)"
 _OUTSIDE = "(a path-based relation outside the storage root /r)"
@@ -80,7 +81,7 @@ ATTACKS = [
     ("SELECT 1 WHERE EXISTS (SELECT * FROM text.`/etc/hostname`)", _OUTSIDE),
     ("WITH a AS (SELECT * FROM text.`/etc/hostname`) SELECT * FROM a", _OUTSIDE),
     ("SELECT * FROM delta.`/r/x` UNION ALL SELECT * FROM text.`/etc/hostname`", _OUTSIDE),
-    ("DESCRIBE text.`/etc/hostname`", _OUTSIDE),
+    ("DESCRIBE text.`/etc/hostname`", _OUTSIDE), ("USE text.`/etc`", _OUTSIDE),
     ("DESCRIBE HISTORY delta.`/tmp/t`", _OUTSIDE),
     ("SELECT * FROM delta.`/etc` VERSION AS OF 1", _OUTSIDE),
     ("ADD JAR '/tmp/x.jar'", "ADD JAR"), ("ADD FILE '/tmp/x'", "ADD FILE"),
@@ -122,7 +123,7 @@ REFUSED = [
     ("DROP TABLE t", "DROP TABLE (DropTable)"),
     ("ALTER TABLE t SET LOCATION '/x'", "ALTER TABLE SET LOCATION (SetTableLocation)"),
     ("TRUNCATE TABLE t", "TRUNCATE TABLE"), ("SET spark.sql.x = 1", "SET (SetCommand)"),
-    ("SET", "SET (SetCommand)"), ("USE x", "USE (SetCatalogAndNamespace)"),
+    ("SET", "SET (SetCommand)"),
     ("CACHE TABLE t", "CACHE TABLE"), ("VACUUM delta.`/x`", "VACUUM (VacuumTableCommand)"),
     ("EXPLAIN DELETE FROM t", "DELETE (DeleteFromTable)"),
 ]

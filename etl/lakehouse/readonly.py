@@ -7,7 +7,9 @@ around every guarantee a run keeps (the accounting, the rejects, the root). The
 statement is parsed with the session's own parser (Spark's, with the Delta
 extensions) -- not run -- and every node of the parsed plan must be of a read-only
 kind: a query (``SELECT``, ``WITH``, ``VALUES``, table-valued functions), ``EXPLAIN`` of
-one, ``SHOW …``, ``DESCRIBE …`` (and Delta's ``DESCRIBE HISTORY`` / ``DETAIL``).
+one, ``SHOW …``, ``DESCRIBE …`` (and Delta's ``DESCRIBE HISTORY`` / ``DETAIL``),
+``USE`` (the session's current namespace only: every Hive JDBC connection opens with
+``use <database>``).
 Anything else is refused before Spark runs it, naming the statement's kind.
 
 A read-only statement can still reach further than the tables, so its contents are
@@ -63,6 +65,9 @@ READ_ONLY_NODES = frozenset({
     "DescribeRelation", "DescribeColumn", "DescribeFunction", "DescribeNamespace",
     "DescribeQueryCommand", "ExplainCommand",
     "DescribeDeltaHistory", "DescribeDeltaHistoryCommand", "DescribeDeltaDetailCommand",
+    # USE: the connection's own current namespace (every Hive JDBC connection opens with
+    # `use <database>`); a path as a namespace is judged as a path
+    "SetCatalogAndNamespace",
 })
 # How a refused statement is named (its plan node -> the SQL people write).
 _KINDS = {
@@ -109,7 +114,7 @@ _SUBQUERIES = frozenset({
 })
 # Plan nodes naming a table by a multipart identifier (a path for `format.`path``).
 _NAMED = frozenset({"UnresolvedRelation", "UnresolvedTable", "UnresolvedTableOrView",
-                    "UnresolvedView"})
+                    "UnresolvedView", "UnresolvedNamespace"})
 _GLOB = set("*?[]{}\\")
 
 
