@@ -32,6 +32,10 @@ from etl.schema import REJECTS_SCHEMA
 # The recipes that make a temporary view (and those reading it) are for a session of
 # one's own: the endpoint refuses CREATE (docs/sql.md#read-only).
 _SESSION_ONLY = {"time_travel_view", "time_travel_count", "time_travel_diff"}
+# Every third attack of tests/test_hostile_sql.py (all of them judge the same function,
+# tested there in full), less the relative path: the endpoint's working directory here
+# is the storage root, where `hostname` is inside it.
+THRIFT_ATTACKS = [a for a in ATTACKS[::3] if "`hostname`" not in a[0]]
 
 
 def _free_port() -> int:
@@ -63,18 +67,21 @@ def endpoint(spark, tmp_path_factory):
         "sources": [{"name": "dummy", "kind": "image_folder", "path": str(root)}],
     }))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "etl.cli", "sql-server", "--conf", str(conf)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env, cwd=root)
-    lines = []
-    for line in proc.stdout:  # the URL is printed once the port listens
-        lines.append(line)
-        if "listening on" in line:
-            break
-    assert _listening(port), "".join(lines)[-5000:]
+    log = root / "server.log"  # a file, not a pipe: a full pipe would stall the server
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "etl.cli", "sql-server", "--conf", str(conf)],
+            stdout=out, stderr=subprocess.STDOUT, text=True, env=env, cwd=root)
+    deadline = time.monotonic() + 300
+    while "listening on" not in log.read_text() and proc.poll() is None \
+            and time.monotonic() < deadline:  # the URL is printed once the port listens
+        time.sleep(1)
+    assert _listening(port), log.read_text()[-5000:]
     endpoint = f"127.0.0.1:{port}"
+    url_line = next(x for x in log.read_text().splitlines() if "listening on" in x)
     yield {"cfg": make_config(root, sql={"endpoint": endpoint}), "endpoint": endpoint,
-           "proc": proc, "port": port, "conf": conf, "url_line": lines[-1], "lay": lay}
+           "proc": proc, "port": port, "conf": conf, "url_line": url_line, "lay": lay,
+           "log": log}
     if proc.poll() is None:
         proc.kill()
 
@@ -85,7 +92,7 @@ def test_clients_find_tables_run_recipes_and_are_refused(endpoint):
     queries = {name: sql.replace("lakeshard-data/delta/rejects", lay.rejects)
                for name, sql in recipes().items() if name not in _SESSION_ONLY}
     statements = ["SHOW TABLES", "SELECT count(*) FROM curated", *queries.values(),
-                  *(sql for sql, _ in ATTACKS),
+                  *(sql for sql, _ in THRIFT_ATTACKS),
                   f"DELETE FROM delta.`{lay.rejects}`", "SELECT count(*) FROM curated_meta"]
     results = run_statements(cfg, at, statements)
     assert len(results) == len(statements)
@@ -102,10 +109,10 @@ def test_clients_find_tables_run_recipes_and_are_refused(endpoint):
     rejected = Counter((r[1], r[4], r[5]) for r in REJECTS)
     assert answers["rejects_by_reason"].rows == tuple(
         (*k, str(n)) for k, n in sorted(rejected.items()))
-    attacks = rest[len(queries): len(queries) + len(ATTACKS)]
-    wrong = {sql: a.error for (sql, reason), a in zip(ATTACKS, attacks, strict=True)
+    attacks = rest[len(queries): len(queries) + len(THRIFT_ATTACKS)]
+    wrong = {sql: a.error for (sql, reason), a in zip(THRIFT_ATTACKS, attacks, strict=True)
              if not (a.error and "lakeshard: refused" in a.error)
-             or reason.split(" (")[0] not in a.error}
+             or reason.replace("storage root /r)", "storage root") not in a.error}
     assert not wrong
     delete, after = rest[-2:]
     assert "lakeshard: refused: DELETE (DeleteFromTable)" in delete.error
@@ -165,7 +172,8 @@ def test_duckdb_reads_delta_and_lance_without_spark(endpoint):
 def test_sigterm_stops_it_and_frees_the_port(endpoint):
     proc = endpoint["proc"]
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
+    proc.wait(timeout=120)
+    out = endpoint["log"].read_text()
     assert proc.returncode == 0, out[-3000:]
     assert "lakeshard sql-server: stopped" in out
     assert not _listening(endpoint["port"])

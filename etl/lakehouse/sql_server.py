@@ -29,7 +29,7 @@ import subprocess
 import tempfile
 import threading
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pyspark.sql import SparkSession
@@ -192,16 +192,19 @@ def start_endpoint(cfg: Config, host: str, port: int) -> Endpoint:
 
 
 def serve(cfg: Config, host: str, port: int) -> int:
-    """Run the endpoint until SIGTERM or SIGINT; print its JDBC URL once it listens."""
+    """Run the endpoint until SIGTERM or SIGINT; print its JDBC URL once it listens.
+    The handlers are installed once the session is up (starting Spark installs its own
+    SIGINT handler)."""
+    endpoint = start_endpoint(cfg, host, port)
     stop = threading.Event()
     previous = {s: signal.signal(s, lambda *_: stop.set())
                 for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        endpoint = start_endpoint(cfg, host, port)
         print(f"lakeshard sql-server: listening on {endpoint.url} (read-only; views: "
               f"{', '.join(endpoint.views) or 'none'}); stop with SIGTERM or Ctrl-C",
               flush=True)
-        stop.wait()
+        while not stop.wait(1.0):
+            pass
         endpoint.stop()
     finally:
         for sig, handler in previous.items():
@@ -271,5 +274,18 @@ def run_statements(cfg: Config, endpoint: str, statements: list[str], *,
                    for s in statements)
     res = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=timeout_s)
     if res.returncode != 0:
-        raise ConnectionError(f"SQL endpoint {endpoint}: {res.stderr.strip()[-2000:]}")
-    return _parse_output(res.stdout)
+        raise ConnectionError(f"SQL endpoint {endpoint}: {_message(res.stderr)}")
+    return [replace(r, error=_message(r.error)) if r.error else r
+            for r in _parse_output(res.stdout)]
+
+
+def _message(error: str) -> str:
+    """The server's reason without its Java stack: from ``lakeshard: refused:`` to the
+    docs link when the guard refused, else the error's last cause line."""
+    start = error.find("lakeshard: refused:")
+    if start >= 0:
+        end = error.find("(docs/sql.md#read-only)", start)
+        return error[start:end + len("(docs/sql.md#read-only)")] if end >= 0 else error[start:]
+    lines = [x.strip() for x in error.splitlines() if x.strip() and not x.strip().startswith("at ")]
+    causes = [x for x in lines if x.startswith("Caused by:")]
+    return (causes[-1] if causes else lines[0] if lines else error)[:2000]
