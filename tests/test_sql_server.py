@@ -26,16 +26,17 @@ from test_hostile_sql import ATTACKS
 from test_sql_recipes import REJECTS, recipes
 
 from etl import tables
-from etl.lakehouse.sql_server import run_statements
+from etl.errors import ConfigError
+from etl.lakehouse.sql_server import check_host, run_statements
 from etl.schema import REJECTS_SCHEMA
 
 # The recipes that make a temporary view (and those reading it) are for a session of
 # one's own: the endpoint refuses CREATE (docs/sql.md#read-only).
 _SESSION_ONLY = {"time_travel_view", "time_travel_count", "time_travel_diff"}
-# Every third attack of tests/test_hostile_sql.py (all of them judge the same function,
+# Every sixth attack of tests/test_hostile_sql.py (all of them judge the same function,
 # tested there in full), less the relative path: the endpoint's working directory here
 # is the storage root, where `hostname` is inside it.
-THRIFT_ATTACKS = [a for a in ATTACKS[::3] if "`hostname`" not in a[0]]
+THRIFT_ATTACKS = [a for a in ATTACKS[::6] if "`hostname`" not in a[0]]
 
 
 def _free_port() -> int:
@@ -167,6 +168,16 @@ def test_duckdb_reads_delta_and_lance_without_spark(endpoint):
     scan = lance.dataset(lay.curated).scanner(columns=["source", "keep"])  # noqa: F841
     got = duckdb.sql("SELECT source, count(*) FROM scan GROUP BY 1 ORDER BY 1").fetchall()
     assert got == sorted(Counter(r["source"] for r in ROWS).items())
+
+
+def test_only_loopback_unless_the_config_names_the_address(tmp_path):
+    cfg = make_config(tmp_path)
+    for host in ("127.0.0.1", "::1", "localhost", "127.0.0.2"):
+        check_host(cfg, host)
+    for host in ("0.0.0.0", "192.0.2.7", "example.org"):
+        with pytest.raises(ConfigError, match=f"set sql.host: {host}"):
+            check_host(cfg, host)
+    check_host(make_config(tmp_path, sql={"host": "0.0.0.0"}), "0.0.0.0")
 
 
 def test_sigterm_stops_it_and_frees_the_port(endpoint):
