@@ -84,6 +84,8 @@ ATTACKS = [
     ("DESCRIBE text.`/etc/hostname`", _OUTSIDE), ("USE text.`/etc`", _OUTSIDE),
     ("DESCRIBE HISTORY delta.`/tmp/t`", _OUTSIDE),
     ("SELECT * FROM delta.`/etc` VERSION AS OF 1", _OUTSIDE),
+    ("SELECT TRANSFORM(a) USING 'id' AS (b) FROM t", "ScriptTransformation"),
+    ("FROM t SELECT TRANSFORM(a) USING 'sh -c id'", "ScriptTransformation"),
     ("ADD JAR '/tmp/x.jar'", "ADD JAR"), ("ADD FILE '/tmp/x'", "ADD FILE"),
     ("ADD ARCHIVE '/tmp/x.zip'", "ADD ARCHIVE"), ("LIST JAR", "LIST JAR"),
     ("CREATE TEMPORARY FUNCTION f AS 'x.Y'", "CREATE FUNCTION"),

@@ -101,6 +101,7 @@ _KINDS = {
     "SetVariable": "SET VAR", "CreateVariable": "DECLARE VARIABLE",
     "DropVariable": "DROP VARIABLE",
     "PlanWithUnresolvedIdentifier": "IDENTIFIER() with a computed name",
+    "ScriptTransformation": "TRANSFORM … USING (a shell command)",
 }
 # Built-in functions that are refused: they call static Java methods (reflect and its
 # kin: code execution on the driver) or read the Python workers' logs.
