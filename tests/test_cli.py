@@ -167,6 +167,7 @@ _FLAGS = {
     "samples": set(),
     "jpeg-audit": {"--source", "--sample", "--generations"},
     "sql": {"query", "--limit", "--no-truncate"},
+    "sql-server": {"--host", "--port"},
     "search": {"query", "-k", "--where"},
     "versions": set(),
 }

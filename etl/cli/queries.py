@@ -15,7 +15,7 @@ from etl.runtime.options import flag, positive
 
 __all__ = [
     "QUERIES", "RunsOptions", "VerifyExportOptions", "JpegAuditOptions", "SqlOptions",
-    "SearchOptions",
+    "SqlServerOptions", "SearchOptions",
 ]
 
 
@@ -108,21 +108,69 @@ class SqlOptions:
     no_truncate: bool = flag(False)
 
 
+_REFUSED_HINT = ("lakeshard sql runs a read-only query, EXPLAIN, SHOW or DESCRIBE over the "
+                 "tables and the storage root only (docs/sql.md#read-only)")
+
+
 def _sql(cfg: Config, opts: SqlOptions, run_id: None) -> int:
+    if cfg.sql.endpoint is not None:
+        return _sql_warm(cfg, opts)
     from etl.lakehouse.readonly import refusal
     from etl.lakehouse.views import register_views
     from etl.session import get_spark
 
     spark = get_spark(cfg)
-    refused = refusal(spark, opts.query)  # parsed, not run
+    refused = refusal(spark, opts.query, cfg.storage.root)  # parsed, not run
     if refused is not None:
-        return fail(f"lakeshard sql: refused: the statement is {refused}, which is not "
-                     "read-only; lakeshard sql runs a query, EXPLAIN, SHOW or DESCRIBE "
-                     "only (docs/sql.md#read-only)", 2)
+        return fail(f"lakeshard sql: refused: {refused}; {_REFUSED_HINT}", 2)
     views = register_views(spark, cfg)
     logging.getLogger("lakeshard").info("views: %s", ", ".join(views) or "none")
     spark.sql(opts.query).show(opts.limit, truncate=not opts.no_truncate)
     return 0
+
+
+def _sql_warm(cfg: Config, opts: SqlOptions) -> int:
+    """The statement sent to the running endpoint of `sql.endpoint` (which judges it by
+    the same rule): no Spark started here."""
+    from etl.lakehouse.sql_server import run_statements
+
+    (result,) = run_statements(cfg, cfg.sql.endpoint, [opts.query], limit=opts.limit + 1)
+    if result.error is not None:
+        refused = "lakeshard: refused: " in result.error
+        return fail(f"lakeshard sql ({cfg.sql.endpoint}): {result.error}", 2 if refused else 1)
+    print(_format_table(result.columns, result.rows, opts.limit, not opts.no_truncate))
+    return 0
+
+
+def _format_table(columns: tuple[str, ...], rows: tuple, limit: int, truncate: bool) -> str:
+    """Rows as Spark's ``show`` draws them (values cut to 20 characters unless told)."""
+    def cell(v: str | None) -> str:
+        text = "NULL" if v is None else v
+        return text[:17] + "..." if truncate and len(text) > 20 else text
+
+    shown = [[cell(v) for v in r] for r in rows[:limit]]
+    widths = [max([len(c), *(len(r[i]) for r in shown)]) for i, c in enumerate(columns)]
+    line = "+" + "+".join("-" * w for w in widths) + "+"
+    def row(values: list[str]) -> str:
+        return "|" + "|".join(v.rjust(w) for v, w in zip(values, widths, strict=True)) + "|"
+
+    out = [line, row(list(columns)), line, *(row(r) for r in shown), line]
+    if len(rows) > limit:
+        out.append(f"only showing top {limit} row{'s' if limit != 1 else ''}")
+    return "\n".join(out)
+
+
+@dataclass(frozen=True)
+class SqlServerOptions:
+    host: str | None = flag(None, "address to listen on (default sql.host, 127.0.0.1; "
+                            "another address only when sql.host names it)")
+    port: int | None = flag(None, "port (default sql.port, 10000)", type=positive)
+
+
+def _sql_server(cfg: Config, opts: SqlServerOptions, run_id: None) -> int:
+    from etl.lakehouse.sql_server import serve
+
+    return serve(cfg, opts.host or cfg.sql.host, opts.port or cfg.sql.port)
 
 
 @dataclass(frozen=True)
@@ -167,7 +215,11 @@ QUERIES = (
     Command("jpeg-audit", "measure PSNR/SSIM of repeated JPEG re-encoding on a source "
             "sample", _jpeg_audit, JpegAuditOptions),
     Command("sql", "run a read-only Spark SQL statement (a query, EXPLAIN, SHOW, DESCRIBE) "
-            "over the Lance tables (views by name)", _sql, SqlOptions),
+            "over the Lance tables (views by name); through the endpoint of sql.endpoint "
+            "when one is configured", _sql, SqlOptions),
+    Command("sql-server", "a read-only SQL endpoint (HiveServer2/JDBC: beeline, DBeaver) "
+            "over the catalog's tables and the Lance views, until SIGTERM", _sql_server,
+            SqlServerOptions),
     Command("search", "semantic search over caption embeddings", _search, SearchOptions),
     Command("versions", "list the curated table's versions (time travel)", _versions),
 )

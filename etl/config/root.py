@@ -20,6 +20,7 @@ from etl.config.runtime import (
     SparkConfig,
     StorageConfig,
 )
+from etl.config.sql import SqlConfig
 from etl.errors import ConfigError
 
 __all__ = ["Config"]
@@ -31,11 +32,14 @@ _SECTIONS_WITH_DEFAULTS = (
     "driver", "catalog",
 )
 
+_SECTIONS_WITH_DEFAULTS += ("sql",)  # the SQL endpoint's (etl/config/sql.py)
+
 
 class Config(Section):
     storage: StorageConfig
     sources: Annotated[tuple[SourceConfig, ...], Field(strict=False, min_length=1)]
     spark: SparkConfig = Field(default_factory=SparkConfig)
+    sql: SqlConfig = Field(default_factory=SqlConfig)
     prepare: PrepareConfig = Field(default_factory=PrepareConfig)
     exports: Annotated[dict[str, ExportConfig], BeforeValidator(keyed)] = Field(
         default_factory=dict
