@@ -27,6 +27,7 @@ from test_sql_recipes import REJECTS, recipes
 
 from etl import tables
 from etl.errors import ConfigError
+from etl.lakehouse import curated_meta
 from etl.lakehouse.sql_server import check_host, run_statements
 from etl.schema import REJECTS_SCHEMA
 
@@ -57,6 +58,8 @@ def endpoint(spark, tmp_path_factory):
     lay = tables.layout(cfg)
     write_curated(spark, lay.curated, ROWS, parts=2)
     spark.createDataFrame(REJECTS, REJECTS_SCHEMA).write.format("delta").save(lay.rejects)
+    catalog = {"kind": "hive", "publish_curated_meta": True}
+    assert curated_meta.sync(spark, make_config(root, catalog=catalog)) is not None
     port = _free_port()
     conf = root / "conf.yaml"
     conf.write_text(yaml.safe_dump({
@@ -65,6 +68,7 @@ def endpoint(spark, tmp_path_factory):
                   "conf": {"spark.sql.shuffle.partitions": "2", "spark.ui.enabled": "false",
                            "spark.databricks.delta.snapshotPartitions": "2"}},
         "sql": {"port": port},
+        "catalog": catalog,
         "sources": [{"name": "dummy", "kind": "image_folder", "path": str(root)}],
     }))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -80,7 +84,8 @@ def endpoint(spark, tmp_path_factory):
     assert _listening(port), log.read_text()[-5000:]
     endpoint = f"127.0.0.1:{port}"
     url_line = next(x for x in log.read_text().splitlines() if "listening on" in x)
-    yield {"cfg": make_config(root, sql={"endpoint": endpoint}), "endpoint": endpoint,
+    yield {"cfg": make_config(root, sql={"endpoint": endpoint}, catalog=catalog),
+           "endpoint": endpoint,
            "proc": proc, "port": port, "conf": conf, "url_line": url_line, "lay": lay,
            "log": log}
     if proc.poll() is None:
@@ -92,14 +97,21 @@ def test_clients_find_tables_run_recipes_and_are_refused(endpoint):
     assert f"jdbc:hive2://{at}/" in endpoint["url_line"]
     queries = {name: sql.replace("lakeshard-data/delta/rejects", lay.rejects)
                for name, sql in recipes().items() if name not in _SESSION_ONLY}
-    statements = ["SHOW TABLES", "SELECT count(*) FROM curated", *queries.values(),
+    statements = ["SHOW TABLES", "SELECT count(*) FROM curated",
+                  # the catalog's tables by name, registered by the endpoint at start
+                  "SHOW TABLES IN lakeshard", "SELECT count(*) FROM lakeshard.rejects",
+                  "SELECT count(*) FROM lakeshard.curated_meta", *queries.values(),
                   *(sql for sql, _ in THRIFT_ATTACKS),
                   f"DELETE FROM delta.`{lay.rejects}`", "SELECT count(*) FROM curated_meta"]
     results = run_statements(cfg, at, statements)
     assert len(results) == len(statements)
-    shown, count, *rest = results
+    shown, count, registered, rejects, meta, *rest = results
     assert {"curated", "curated_meta", "curated_versions"} <= {r[1] for r in shown.rows}
     assert count.rows == ((str(len(ROWS)),),)
+    assert {("lakeshard", "rejects"), ("lakeshard", "curated_meta")} <= {
+        r[:2] for r in registered.rows}, registered
+    assert rejects.rows == ((str(len(REJECTS)),),)
+    assert meta.rows == ((str(len(ROWS)),),)
     answers = dict(zip(queries, rest[: len(queries)], strict=True))
     assert {n: a.error for n, a in answers.items()} == dict.fromkeys(queries)
     # What they answer, computed from the rows written (as tests/test_sql_recipes.py).

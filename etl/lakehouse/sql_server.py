@@ -12,8 +12,9 @@ the server's session at start; each connection's own session gets a copy on its 
 statement (so one connection's ``USE`` or settings never reach another's).
 
 The JAR is built once with ``javac`` against pyspark's own JARs into the machine cache
-(keyed by its sources' digest), or taken from ``<spark.jars_dir>/sqlguard/`` where
-``make jars`` put it. :func:`run_statements` is the client side: a small Hive JDBC client
+(keyed by its sources' digest), or taken from ``<spark.jars_dir>/sqlguard/`` where one
+was placed (a cluster without a JDK: build it where there is one, and ship it).
+:func:`run_statements` is the client side: a small Hive JDBC client
 (``lakeshard.sql.Client``, same JAR) run as a subprocess -- ``lakeshard sql``'s warm path.
 """
 
@@ -84,8 +85,8 @@ def build_guard_jar(out: Path) -> Path:
 
 
 def guard_jar(cfg: Config) -> Path:
-    """The guard JAR: ``<spark.jars_dir>/sqlguard/`` (``make jars``), else built once
-    into the machine cache under its sources' digest."""
+    """The guard JAR: ``<spark.jars_dir>/sqlguard/`` (a copy shipped there), else built
+    once into the machine cache under its sources' digest."""
     if cfg.spark.jars_dir is not None:
         shipped = Path(cfg.spark.jars_dir, "sqlguard", _JAR_NAME)
         if shipped.is_file():
@@ -144,10 +145,14 @@ class _Guard:
 
     def __init__(self, root: str) -> None:
         self.root = root
+        self.starting = True  # lakeshard's own statements before the server listens
+        # (registering the catalog's tables); closed for good before any connection
 
     def refusal(self, plan, session) -> str | None:
         from etl.lakehouse.readonly import plan_refusal
 
+        if self.starting:
+            return None
         return plan_refusal(plan, session, self.root)
 
     class Java:
@@ -169,10 +174,13 @@ class Endpoint:
 
 
 def start_endpoint(cfg: Config, host: str, port: int) -> Endpoint:
-    """Start the session (guard installed before any statement), register the views,
-    start the Thrift server on `host`:`port`."""
+    """Start the session (guard installed before any statement), register the views and,
+    with a catalog configured, every Delta table of the root by name (as a run does:
+    idempotent, free when the memo says they are), start the Thrift server on
+    `host`:`port`."""
     from pyspark.java_gateway import ensure_callback_server_started
 
+    from etl.lakehouse.registration import register_tables
     from etl.lakehouse.views import register_views
     from etl.session import get_spark
 
@@ -184,8 +192,11 @@ def start_endpoint(cfg: Config, host: str, port: int) -> Endpoint:
     gateway = spark.sparkContext._gateway
     ensure_callback_server_started(gateway)
     jvm = spark.sparkContext._jvm
-    jvm.lakeshard.sql.ReadOnlyParser.install(_Guard(cfg.storage.root), spark._jsparkSession)
+    guard = _Guard(cfg.storage.root)
+    jvm.lakeshard.sql.ReadOnlyParser.install(guard, spark._jsparkSession)
     views = tuple(register_views(spark, cfg))
+    register_tables(spark, cfg)
+    guard.starting = False  # before the Thrift server takes its first connection
     thrift = jvm.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2
     server = thrift.startWithContext(spark._jsparkSession.sqlContext())
     return Endpoint(spark, server, jdbc_url(host, port), views)
