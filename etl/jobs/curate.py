@@ -292,7 +292,8 @@ def _tasks_for(new: int, cores: int) -> int:
     return max(1, -(-new // _ROWS_PER_TASK), min(cores, -(-new // _MIN_ROWS_PER_TASK)))
 
 
-def _task_layout(todo: DataFrame, diff: Diff, cores: int, by_row: bool) -> DataFrame:
+def _task_layout(todo: DataFrame, diff: Diff, cores: int, by_row: bool = False
+                 ) -> DataFrame:
     """`todo` in at most :func:`_tasks_for` partitions: the listing's partitions merged,
     not shuffled (a listing with fewer keeps its own; not asked first: counting the
     partitions plans the frame, ~0.2 s in a cold JVM). `by_row`: some records name
