@@ -298,13 +298,14 @@ def _task_layout(todo: DataFrame, diff: Diff, cores: int, by_row: bool = False
     not shuffled (a listing with fewer keeps its own; not asked first: counting the
     partitions plans the frame, ~0.2 s in a cold JVM). `by_row`: some records name
     their images by file and row, and a listing joined in Spark comes in the join's
-    order: ranges of (file, row) instead, so that each task reads the row groups it
-    needs once (:mod:`udfs.fetch_table`)."""
+    order: ranges of (file, row) instead, in that order, so that each task reads the
+    row groups it needs once (:mod:`udfs.fetch_table`)."""
     if diff.small:
         return todo
     tasks = _tasks_for(diff.new_records, cores)
     if by_row and not diff.in_driver:
-        return todo.repartitionByRange(tasks, "image_ref", "image_offset")
+        return (todo.repartitionByRange(tasks, "image_ref", "image_offset")
+                .sortWithinPartitions("image_ref", "image_offset"))
     return todo.coalesce(tasks)
 
 

@@ -10,6 +10,12 @@ when they are fetched (:func:`udfs.fetch.rules_for`); here they are only resolve
 ``{key: id, url: url, caption: caption, nsfw: NSFW, watermark: pwatermark}``. Every
 column not mapped (and not binary) is kept as JSON in `metadata_json`.
 
+A parquet file's embedded images are not carried by the listing: each record names
+its image by file and row (``image_ref``, ``image_offset``), read again where it is
+prepared (:mod:`udfs.fetch_table`); JSONL and CSV rows carry theirs. A file whose size
+and mtime are unchanged since curate last read it is not opened at all
+(:meth:`TableSource.containers`, :mod:`etl.lakehouse.curate_state`).
+
 Files are read in Spark tasks with pyarrow — parquet one row group at a time — so a
 bad part becomes rejects instead of a failed job: an unreadable row group rejects its
 rows (`unreadable_row_group`, the count comes from the footer), an unreadable file is
