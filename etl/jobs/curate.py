@@ -304,6 +304,9 @@ def _task_layout(todo: DataFrame, diff: Diff, cores: int, by_row: bool = False
         return todo
     tasks = _tasks_for(diff.new_records, cores)
     if by_row and not diff.in_driver:
+        # As many tasks as the merge below would leave (every later job over the
+        # prepared rows runs one task per partition): asked of the plan.
+        tasks = min(tasks, todo.rdd.getNumPartitions())
         return (todo.repartitionByRange(tasks, "image_ref", "image_offset")
                 .sortWithinPartitions("image_ref", "image_offset"))
     return todo.coalesce(tasks)
