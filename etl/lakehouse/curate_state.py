@@ -176,7 +176,9 @@ class CurateState:
 
 
 def _containers_key(manifest_version: int) -> dict:
-    return {"manifest": int(manifest_version), "code": code_version()}
+    """Only the manifest's version: a file's size and mtime mean the same to every
+    release (an upgrade does not reread what an unchanged record would not either)."""
+    return {"manifest": int(manifest_version)}
 
 
 def _sources_key(cfg: Config) -> dict[str, list[str]] | None:
