@@ -1,7 +1,8 @@
 """Fetch image bytes by reference, inside Spark tasks.
 
 A reference is a local path, ``file://``, ``http(s)://`` or any fsspec URL (``s3://``,
-``gs://``, ...), optionally with a byte range (a member of a tar shard). What a
+``gs://``, ...), optionally with a byte range (a member of a tar shard), or a row of a
+parquet table file whose rows embed their images (:mod:`udfs.fetch_table`). What a
 reference may name depends on where it came from (:class:`RefRules`, per source):
 references an adapter made from the source's own configured path may name anything
 supported; a URL column -- a list someone else wrote -- may name http(s) URLs, the
@@ -37,6 +38,7 @@ from etl.config import FetchConfig, SourceConfig
 from udfs.arrow_types import nullable_type
 from udfs.fetch_http import FetchResult, RefRules, classify_error, fetch_once
 from udfs.fetch_local import LOCAL_STATUSES, read_local
+from udfs.fetch_table import read_table_row
 from udfs.outcomes import INTERNAL_ERROR, internal_detail
 
 __all__ = [
@@ -95,8 +97,10 @@ def rules_for(source: SourceConfig) -> RefRules:
     # too, a link there is not followed (a file swapped for one since the listing). A
     # tar shard or a table file may be a link the config names itself: followed.
     follow = source.follow_symlinks is not False or source.kind != "image_folder"
+    # A table's rows name their images by file and row (etl.sources.file_table).
+    table_image = source.columns.get("image") if source.kind == "table" else None
     return RefRules(respect_opt_out=source.respect_opt_out, per_host_rps=source.per_host_rps,
-                    follow_symlinks=follow)
+                    follow_symlinks=follow, table_image=table_image)
 
 
 def is_transient(status: str) -> bool:
@@ -169,6 +173,8 @@ def fetch_ref(
         return FetchResult(None, "bad_url", "empty reference", 0)
     rng = None if length is None else (int(offset or 0), int(length))
     try:
+        if rules.table_image is not None and offset is not None and length is None:
+            return read_table_row(ref, int(offset), rules.table_image, opts)
         if rules.own and rules.local and ref.startswith("file:"):
             return _local(ref[len("file:"):], opts, rng, rules)  # as listed, verbatim
         scheme = urllib.parse.urlsplit(ref).scheme.lower()

@@ -98,6 +98,9 @@ class RefRules:
     # Follow a symbolic link that is the last part of a local path (the listing has
     # already checked where it leads); false: a link is refused (`symlink`).
     follow_symlinks: bool = True
+    # A table of embedded images (its `image` column, dotted into a struct): a reference
+    # with an offset and no length is a row of a parquet file (udfs.fetch_table).
+    table_image: str | None = None
 
 
 # ------------------------------------------------------------------ address policy

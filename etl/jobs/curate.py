@@ -54,6 +54,7 @@ from etl.runtime.faults import fault_point
 from etl.runtime.progress import event
 from etl.runtime.stage import RowTally, RunContext, StageDetail, StageResult
 from etl.schema import UPSTREAM_COLUMNS
+from etl.sources import adapter_for
 from etl.sources.listing import one_listing
 from etl.transforms.accounting import (
     SourceCounts,
@@ -206,8 +207,9 @@ def _fetch_and_prepare(spark: SparkSession, cfg: Config, paths: tables.Layout,
             st["n"] == st["unchanged"] for st in diff.stats.values()):
         return _Prepared.nothing()  # a night with nothing new
     cores = spark.sparkContext.defaultParallelism
+    by_row = any(adapter_for(s.kind).names_rows(s) for s in cfg.sources)
     todo = _task_layout(mark_duplicate_keys(diff.listed.where(~F.col("unchanged"))), diff,
-                        cores)
+                        cores, by_row)
     prepare = _prepare_options(cfg, diff, todo, cores)
     if refused is not None:
         todo = refuse_taken_down(todo, refused)  # by key and URL: nothing fetched
@@ -290,14 +292,24 @@ def _tasks_for(new: int, cores: int) -> int:
     return max(1, -(-new // _ROWS_PER_TASK), min(cores, -(-new // _MIN_ROWS_PER_TASK)))
 
 
-def _task_layout(todo: DataFrame, diff: Diff, cores: int) -> DataFrame:
+def _task_layout(todo: DataFrame, diff: Diff, cores: int, by_row: bool = False
+                 ) -> DataFrame:
     """`todo` in at most :func:`_tasks_for` partitions: the listing's partitions merged,
     not shuffled (a listing with fewer keeps its own; not asked first: counting the
-    partitions plans the frame, ~0.2 s in a cold JVM)."""
+    partitions plans the frame, ~0.2 s in a cold JVM). `by_row`: some records name
+    their images by file and row, and a listing joined in Spark comes in the join's
+    order: ranges of (file, row) instead, in that order, so that each task reads the
+    row groups it needs once (:mod:`udfs.fetch_table`)."""
     if diff.small:
         return todo
-    return todo.coalesce(
-        _tasks_for(diff.new_records, cores))
+    tasks = _tasks_for(diff.new_records, cores)
+    if by_row and not diff.in_driver:
+        # As many tasks as the merge below would leave (every later job over the
+        # prepared rows runs one task per partition): asked of the plan.
+        tasks = min(tasks, todo.rdd.getNumPartitions())
+        return (todo.repartitionByRange(tasks, "image_ref", "image_offset")
+                .sortWithinPartitions("image_ref", "image_offset"))
+    return todo.coalesce(tasks)
 
 
 def _fetch_prepare_tasks(diff: Diff, todo: DataFrame, cores: int) -> int:
@@ -482,6 +494,7 @@ def _night(spark: SparkSession, cfg: Config, run_id: str,
     ds = _closing_check(cat)
     deferred = [s.name for s in cfg.sources if removals.deferred(s.name)]
     state.remember_versions(cfg, diff.versions, removals.source_versions, deferred)
+    state.remember_containers(cat.manifest.version(), diff.containers)
     state.remember_quiet(spark, cfg, quiet, versions=diff.versions, listed=diff.listed_counts,
                          outcome_rows=prep.outcome_rows, deferred=deferred,
                          handled=removals.source_versions,

@@ -41,7 +41,12 @@ from etl.lakehouse.indexes import ensure_scalar_indexes
 from etl.lakehouse.source_diff import Diff, compare
 from etl.runtime.local import local_arrow
 from etl.schema import REMOVED
-from etl.transforms.bronze import known_fingerprint, takedown_identifiers, taken_down_ids
+from etl.transforms.bronze import (
+    known_fingerprint,
+    retry_column,
+    takedown_identifiers,
+    taken_down_ids,
+)
 from etl.writers.delta import (
     delete_rejects,
     mark_removed,
@@ -146,6 +151,12 @@ class Manifest(_DeltaTable):
         gone = (F.col("status") == REMOVED) & (F.col("reason") == "source_removed")
         return (manifest.where((F.col("source") == source) & ~gone)
                 .groupBy("source_uri", known_fingerprint()).count().collect())
+
+    def retried_containers(self, manifest: DataFrame, source: str) -> frozenset[str]:
+        """The ``source_uri`` s of a source's records the next run retries (a transient
+        failure, an internal error): a table file holding one is opened again."""
+        rows = manifest.where((F.col("source") == source) & retry_column())
+        return frozenset(r[0] for r in rows.select("source_uri").distinct().collect())
 
     def merge(self, rows: DataFrame | pa.Table, *, count: int,
               before: DataFrame | None) -> None:

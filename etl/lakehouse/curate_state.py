@@ -1,14 +1,19 @@
 """Curate's derived state (:class:`~etl.lakehouse.derived.DerivedState`), one owner for
-both of its documents, at the paths the layout names:
+its documents, under the layout's ``_lakeshard/`` folder:
 
 * ``source_versions.json``: per source with a history (Delta, Lance), the version the last
   completed curate fully handled -- where the next run's history of deletions starts;
 * ``curate_quiet.json``: tonight's key (every source's listing digest and config, the
   manifest's and the takedowns' versions, lakeshard's version) and, when the last run left
   the same key, its figures: a quiet night records them and lists, compares and merges
-  nothing.
+  nothing;
+* ``table_containers.json``: per table source whose records embed their images, each
+  file's fingerprint (size and mtime) when it was last read in full and how many records
+  it listed, keyed by the manifest version written after that read. A file with the same
+  fingerprint tonight is not opened: its records count as unchanged
+  (:func:`etl.lakehouse.source_diff.compare`).
 
-Like every derived document, neither is the truth: missing, damaged or stale, it reads as
+Like every derived document, none is the truth: missing, damaged or stale, it reads as
 None and the run compares every source in full.
 """
 
@@ -28,7 +33,8 @@ from etl.sources import adapter_for
 from etl.tables import Layout
 from etl.transforms.bronze import retried
 
-__all__ = ["SOURCE_VERSION", "CurateState", "Quiet", "TableVersions", "version_key"]
+__all__ = ["SOURCE_VERSION", "CurateState", "Quiet", "TableVersions", "ContainerMemo",
+           "version_key"]
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +45,8 @@ SOURCE_VERSION = "source:"
 # The manifest's and the takedowns' versions as their logs say now (read when asked: the
 # quiet key lists the sources first).
 TableVersions = Callable[[], tuple[int | None, int | None]]
+# Per source: container (table file) URI -> (fingerprint when read in full, records listed).
+ContainerMemo = dict[str, dict[str, tuple[str, int]]]
 
 
 def version_key(source: SourceConfig) -> str:
@@ -66,11 +74,38 @@ class CurateState:
 
     versions: DerivedState
     quiet: DerivedState
+    containers: DerivedState
 
     @classmethod
     def of(cls, paths: Layout) -> CurateState:
         return cls(DerivedState(paths.source_versions, "source_versions"),
-                   DerivedState(paths.curate_quiet, "curate_quiet"))
+                   DerivedState(paths.curate_quiet, "curate_quiet"),
+                   DerivedState(paths.meta_dir.rstrip("/") + "/table_containers.json",
+                                "table_containers"))
+
+    def table_containers(self, manifest_version: int | None) -> ContainerMemo:
+        """The table files the run that wrote manifest version `manifest_version` had
+        read in full; {} when the document is missing, unreadable or written at another
+        version (any other write of the manifest since -- a crash after the merge, a
+        `forget` -- and every file is read again)."""
+        if manifest_version is None:
+            return {}
+        kept = self.containers.load(_containers_key(manifest_version)) or {}
+        try:
+            return {name: {uri: (str(fp), int(n)) for uri, (fp, n) in files.items()}
+                    for name, files in kept.items()}
+        except (ValueError, TypeError, AttributeError):
+            log.warning("curate: table containers unreadable: reading every table file")
+            return {}
+
+    def remember_containers(self, manifest_version: int | None,
+                            memo: ContainerMemo | None) -> None:
+        """Written after the run's last commit to the manifest, at its version; `memo`
+        None (a run that did not compare table files in Spark): forgotten."""
+        if memo is None or manifest_version is None:
+            self.containers.clear()
+            return
+        self.containers.save(_containers_key(manifest_version), memo)
 
     def source_versions(self) -> dict[str, int]:
         """The source versions the last completed curate read; {} when there is no
@@ -138,6 +173,12 @@ class CurateState:
         self.quiet.save(_quiet_key(quiet.key["sources"], *table_versions()),
                         {"unchanged": {s.name: listed.get(s.name, 0) for s in cfg.sources},
                          "scans": scans, "versions": dict(handled)})
+
+
+def _containers_key(manifest_version: int) -> dict:
+    """Only the manifest's version: a file's size and mtime mean the same to every
+    release (an upgrade does not reread what an unchanged record would not either)."""
+    return {"manifest": int(manifest_version)}
 
 
 def _sources_key(cfg: Config) -> dict[str, list[str]] | None:

@@ -14,7 +14,11 @@ chosen here:
   removals found here, as :func:`~etl.transforms.bronze.mark_unchanged` and
   :func:`~etl.transforms.bronze.removed_records` do in Spark;
 * otherwise Spark: the listing joined with the manifest's snapshot, removals by a join
-  (or a source table's history of deletions).
+  (or a source table's history of deletions). A container whose size and mtime have not
+  changed is not opened: a tar shard whose manifest records all carry its fingerprint,
+  a table file of embedded images whose fingerprint curate remembered beside the
+  manifest (:meth:`~etl.lakehouse.curate_state.CurateState.table_containers`). Its
+  records count as unchanged, and are not looked for among the removals.
 
 A comparison in the driver hands on at most ``driver.prepare_rows`` new records as a
 :attr:`Diff.small` night: fetched, prepared and written from the driver's process. Each
@@ -36,7 +40,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from etl.config import Config, SourceConfig
-from etl.lakehouse.curate_state import CurateState, version_key
+from etl.lakehouse.curate_state import ContainerMemo, CurateState, version_key
 from etl.runtime.warm import start_python_workers
 from etl.schema import REMOVED, SOURCE_SCHEMA, sample_id_col, sample_id_of
 from etl.sources import adapter_for, finish_ingest, finish_ingest_arrow
@@ -63,6 +67,8 @@ class _ManifestReads(Protocol):
     def known(self) -> pa.Table | None: ...
     def snapshot(self) -> DataFrame | None: ...
     def container_groups(self, manifest: DataFrame, source: str) -> list: ...
+    def retried_containers(self, manifest: DataFrame, source: str) -> frozenset[str]: ...
+    def version(self) -> int | None: ...
 
 
 @dataclass
@@ -94,6 +100,8 @@ class Diff:
     # plan: fetched, prepared and written to Lance from the driver
     in_driver: bool = False  # compared with the manifest on the driver: `listed` comes
     # from the driver, in at most one partition per core (per source)
+    containers: ContainerMemo | None = None  # table files read in full or skipped
+    # whole (see CurateState.table_containers); None: none remembered from this run
 
     @property
     def unchanged(self) -> dict[str, int]:
@@ -158,7 +166,8 @@ def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
               state: CurateState) -> Diff:
     before = manifest.snapshot()  # read before it is merged into
     versions = _source_versions(spark, cfg)
-    skip, skipped = _skipped_containers(cfg, manifest, before)
+    memo = (state.table_containers(manifest.version()) if before is not None else {})
+    skip, skipped, current = _skipped_containers(cfg, manifest, before, memo)
     listed = mark_unchanged(list_sources(spark, cfg, skip, versions), before).persist(
         StorageLevel.MEMORY_AND_DISK
     )
@@ -177,23 +186,63 @@ def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
         removals = Removals(records.withColumn("reason", F.lit("source_removed"))
                             .localCheckpoint(eager=True), scans)
     return Diff(before, versions, listed, stats, removals, has_manifest=before is not None,
-                skipped=skipped)
+                skipped=skipped,
+                containers=_read_containers(listed, current, memo, skip) if current else None)
 
 
-def _skipped_containers(cfg: Config, manifest: _ManifestReads, before: DataFrame | None
-                        ) -> tuple[dict[str, frozenset[str]], dict[str, int]]:
-    """Per source: unchanged containers (tar shards) and the records they hold."""
+def _skipped_containers(cfg: Config, manifest: _ManifestReads, before: DataFrame | None,
+                        memo: ContainerMemo
+                        ) -> tuple[dict[str, frozenset[str]], dict[str, int],
+                                   dict[str, dict[str, str]]]:
+    """Per source: unchanged containers (tar shards, table files) and the records they
+    hold; and the table files' fingerprints as listed now (to remember after the run)."""
     skip: dict[str, frozenset[str]] = {}
     counts: dict[str, int] = {}
-    if before is None:
-        return skip, counts
+    current: dict[str, dict[str, str]] = {}
     for s in cfg.sources:
-        listed = adapter_for(s.kind).containers(s)
-        if not listed:
+        adapter = adapter_for(s.kind)
+        listed = adapter.containers(s)
+        if listed is None:
             continue
-        known = manifest.container_groups(before, s.name)
-        skip[s.name], counts[s.name] = unchanged_containers(listed, known)
-    return skip, counts
+        if adapter.remembered_containers:
+            current[s.name] = listed
+            known = memo.get(s.name)
+            if before is None or not known:
+                continue
+            retried = manifest.retried_containers(before, s.name)
+            skip[s.name] = frozenset(uri for uri, (fp, _) in known.items()
+                                     if listed.get(uri) == fp and uri not in retried)
+            counts[s.name] = sum(known[uri][1] for uri in skip[s.name])
+        elif before is not None and listed:
+            known_groups = manifest.container_groups(before, s.name)
+            skip[s.name], counts[s.name] = unchanged_containers(listed, known_groups)
+    return skip, counts, current
+
+
+def _read_containers(listed: DataFrame, current: dict[str, dict[str, str]],
+                     memo: ContainerMemo, skip: dict[str, frozenset[str]]) -> ContainerMemo:
+    """What to remember of the table files after this run: each file read in full (no
+    unreadable part) with its fingerprint as listed and the records it listed, and each
+    file skipped whole as it was remembered."""
+    rows = (listed.where(F.col("source").isin(*current))
+            .groupBy("source", "source_uri").agg(
+                F.count(F.lit(1)).alias("n"),
+                F.max(F.coalesce(F.col("read_reason").isin(*CONTAINER_FAILURES),
+                                 F.lit(False))).alias("failed"))
+            .collect())
+    found = {(r["source"], r["source_uri"]): r for r in rows}
+    out: ContainerMemo = {}
+    for name, files in current.items():
+        kept = skip.get(name, frozenset())
+        mine = out.setdefault(name, {})
+        for uri, fp in files.items():
+            if uri in kept:
+                mine[uri] = memo[name][uri]
+                continue
+            row = found.get((name, uri))
+            if row is None or not row["failed"]:
+                mine[uri] = (fp, 0 if row is None else int(row["n"]))
+    return out
 
 
 def _find_removals(spark: SparkSession, cfg: Config, state: CurateState, manifest: DataFrame,

@@ -30,6 +30,11 @@ class SourceAdapter(ABC):
     # Common-schema fields a `columns:` mapping may name, and those it must name.
     mappable: frozenset[str] = frozenset()
     required_mapping: frozenset[str] = frozenset()
+    # Whether its containers' records carry no container fingerprint of their own (table
+    # files: records are keyed): an unchanged container is then told by what curate
+    # remembers beside the manifest (:mod:`etl.lakehouse.curate_state`), not by the
+    # manifest's fingerprints (tar shards).
+    remembered_containers: bool = False
 
     def validate_config(self, source: SourceConfig, where: str) -> None:
         """Static checks on the parsed config; raise ConfigError naming the field."""
@@ -102,9 +107,18 @@ class SourceAdapter(ABC):
         the frame's plan holds no Python UDF (no Python worker starts for it)."""
         raise NotImplementedError(f"kind {self.kind!r} has no driver listing")
 
+    def names_rows(self, source: SourceConfig) -> bool:
+        """Whether its records name their embedded images by file and row
+        (``image_ref``, ``image_offset``) instead of carrying them: the fetch reads a
+        file's rows a part at a time, so the records to prepare go to the tasks sorted
+        by them (a table of parquet files with an ``image`` column)."""
+        return False
+
     def containers(self, source: SourceConfig) -> dict[str, str] | None:
-        """Files holding many records (tar shards) -> fingerprint, listed on the driver,
-        for kinds that can skip an unchanged container whole; None for other kinds."""
+        """Files holding many records (tar shards, table files) -> fingerprint, listed
+        on the driver, for kinds that can skip an unchanged container whole; None for
+        other kinds. Every record :meth:`read` lists from a container has the
+        container's URI as its ``source_uri``."""
         return None
 
     # Removals. Every kind finds the records its source no longer lists by comparing

@@ -10,6 +10,12 @@ when they are fetched (:func:`udfs.fetch.rules_for`); here they are only resolve
 ``{key: id, url: url, caption: caption, nsfw: NSFW, watermark: pwatermark}``. Every
 column not mapped (and not binary) is kept as JSON in `metadata_json`.
 
+A parquet file's embedded images are not carried by the listing: each record names
+its image by file and row (``image_ref``, ``image_offset``), read again where it is
+prepared (:mod:`udfs.fetch_table`); JSONL and CSV rows carry theirs. A file whose size
+and mtime are unchanged since curate last read it is not opened at all
+(:meth:`TableSource.containers`, :mod:`etl.lakehouse.curate_state`).
+
 Files are read in Spark tasks with pyarrow — parquet one row group at a time — so a
 bad part becomes rejects instead of a failed job: an unreadable row group rejects its
 rows (`unreadable_row_group`, the count comes from the footer), an unreadable file is
@@ -44,7 +50,7 @@ from pyspark.sql import DataFrame, SparkSession
 from etl.config import ConfigError, SourceConfig
 from etl.config.bounds import DRIVER_READ_BYTES
 from etl.sources.base import FLAG_KEYS, SourceAdapter, is_local_path, require_exists
-from etl.sources.listing import expand_pattern, is_pattern, listing_digest
+from etl.sources.listing import expand_pattern, fingerprint, is_pattern, listing_digest
 from etl.sources.records import (
     MISSING,
     RAW_ARROW_SCHEMA,
@@ -107,6 +113,7 @@ def check_mapped_columns(source: SourceConfig, names: Iterable[str], what: str,
 class TableSource(SourceAdapter):
     kind = "table"
     mappable = TABLE_MAPPABLE
+    remembered_containers = True
 
     def validate_config(self, source: SourceConfig, where: str) -> None:
         super().validate_config(source, where)
@@ -121,15 +128,27 @@ class TableSource(SourceAdapter):
         """(uri, format, problem, problem detail, size in bytes) of each data file."""
         files = []
         for f in expand_pattern(source.path, source.follow_symlinks):
-            fmt = source.format or _EXT_FORMAT.get(os.path.splitext(f.uri)[1].lower())
+            fmt = _format(f.uri, source)
             if fmt is None:
                 continue  # _SUCCESS, README… next to the data files
-            files.append((f.uri, "jsonl" if fmt == "json" else fmt,
-                          *(f.problem or (None, None)), f.size))
+            files.append((f.uri, fmt, *(f.problem or (None, None)), f.size))
         return files
 
     def listing_digest(self, source: SourceConfig) -> str | None:
         return listing_digest(expand_pattern(source.path, source.follow_symlinks))
+
+    def names_rows(self, source: SourceConfig) -> bool:
+        return "image" in source.columns
+
+    def containers(self, source: SourceConfig) -> dict[str, str] | None:
+        """Each readable data file -> its size and mtime, for a table whose rows embed
+        their images (every record's ``source_uri`` is its file). A URL list's records
+        are known by their URLs, not their file: None, read in full each run."""
+        if "image" not in source.columns:
+            return None
+        return {f.uri: fingerprint(f) for f in expand_pattern(source.path,
+                                                              source.follow_symlinks)
+                if f.problem is None and _format(f.uri, source) is not None}
 
     def check_inputs(self, source: SourceConfig) -> None:
         pattern = is_pattern(source.path)
@@ -163,7 +182,7 @@ class TableSource(SourceAdapter):
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
         version: int | None = None,
     ) -> DataFrame:
-        files = self._files(source)
+        files = [f for f in self._files(source) if f[0] not in skip]
         if _read_in_driver(files):
             # A small local table (a URL list): read here by the same function, handed
             # to Spark as local data -- no Spark job and no Python worker to list it.
@@ -173,6 +192,12 @@ class TableSource(SourceAdapter):
             units, ", ".join(f"{n} string" for n in _UNIT_FIELDS)
         ).mapInArrow(functools.partial(_read_units, mapping=dict(source.columns),
                                        limits=RowLimits.of(source)), RAW_SCHEMA)
+
+
+def _format(uri: str, source: SourceConfig) -> str | None:
+    """The format a data file is read as; None for a file that is not one."""
+    fmt = source.format or _EXT_FORMAT.get(os.path.splitext(uri)[1].lower())
+    return "jsonl" if fmt == "json" else fmt
 
 
 def _read_unit(uri: str, fmt: str, problem: str | None, problem_detail: str | None,
@@ -300,7 +325,8 @@ def _read_file(uri: str, fmt: str, mapping: dict[str, str],
                     yield [_reject(f"{name}#rg{i}/row{j}", uri, "unreadable_row_group",
                                    f"{type(exc).__name__}: {exc}") for j in range(n)]
                 else:
-                    yield map_table_rows(records, mapping, uri, base, start, limits)
+                    yield map_table_rows(records, mapping, uri, base, start, limits,
+                                         by_reference=True)
                 start += n
         elif fmt == "jsonl":
             records, bad = [], []
@@ -373,20 +399,26 @@ def _resolve_ref(ref: Any, base: str, limits: RowLimits) -> str | RecordError | 
 
 
 def map_table_rows(records: list[Mapping[str, Any]], mapping: Mapping[str, str], uri: str,
-                   base: str, start: int, limits: RowLimits = RowLimits()) -> list[dict]:
-    """RAW_SCHEMA rows for table records (row numbers from `start`, for keyless rows)."""
+                   base: str, start: int, limits: RowLimits = RowLimits(), *,
+                   by_reference: bool = False) -> list[dict]:
+    """RAW_SCHEMA rows for table records (row numbers from `start`, for keyless rows).
+    `by_reference`: an embedded image is not carried but named by its file and row
+    number (``image_ref`` = `uri`, ``image_offset`` = the row: a parquet file's rows,
+    read again by :func:`udfs.fetch_table.read_table_row` where they are prepared)."""
     out = []
     name = uri.rsplit("/", 1)[-1]
     for i, rec in enumerate(records):
         fields = map_fields(rec, mapping, max_caption_chars=limits.max_caption_chars)
         key = lookup(rec, mapping["key"])
         status, reason = fields.pop("read_status"), fields.pop("read_reason")
-        image = ref = None
+        image = ref = offset = None
         if "image" in mapping:
             image = lookup(rec, mapping["image"])
             if isinstance(image, str):
                 image = image.encode("latin-1", errors="replace")
             image = bytes(image) if isinstance(image, (bytes, bytearray, memoryview)) else None
+            if by_reference and image is not None:
+                image, ref, offset = None, uri, start + i
         else:
             ref = _resolve_ref(lookup(rec, mapping["url"]), base, limits)
         if key is MISSING or key is None or (isinstance(key, str) and not key.strip()):
@@ -403,7 +435,7 @@ def map_table_rows(records: list[Mapping[str, Any]], mapping: Mapping[str, str],
             source_key=str(key),
             source_uri=ref if ref is not None and "://" in ref else uri,
             **fields, read_status=status, read_reason=reason,
-            image_bytes=image, image_ref=ref,
+            image_bytes=image, image_ref=ref, image_offset=offset,
         ))
     return out
 

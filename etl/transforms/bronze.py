@@ -8,8 +8,10 @@ fingerprint (file size + mtime for folders and tars; null for tables, which are 
 and its last outcome was not a transient failure (timeout, connection, DNS, 429, 5xx)
 or an internal error (lakeshard's own code failed on it), which the next run
 retries. A tar shard whose every manifest record carries the shard's
-current fingerprint is not even opened. A record *removed* from its source is new
-again if it comes back; a record taken down stays known (and refused if it changes).
+current fingerprint is not even opened; nor is a table file whose size and mtime are
+those curate remembered beside the manifest (:mod:`etl.lakehouse.curate_state`). A
+record *removed* from its source is new again if it comes back; a record taken down
+stays known (and refused if it changes).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ __all__ = [
     "unchanged_containers",
     "retried",
     "is_retry",
+    "retry_column",
     "known_fingerprint",
     "mark_unchanged",
     "mark_duplicate_keys",
@@ -86,6 +89,11 @@ _RETRIED = (*TRANSIENT_STATUSES, INTERNAL_ERROR)  # rejects the next run tries a
 def _is_retry(manifest_status: Column, reason: Column) -> Column:
     retried = reason.isin(*_RETRIED)
     return (manifest_status == "rejected") & retried | reason.startswith("http_5")
+
+
+def retry_column() -> Column:
+    """A manifest row's record is retried by the next run (:func:`_is_retry`)."""
+    return _is_retry(F.col("status"), F.col("reason"))
 
 
 def is_retry(status: str | None, reason: str | None) -> bool:

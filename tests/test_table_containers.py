@@ -1,0 +1,102 @@
+"""A table of parquet files with embedded images, compared with the manifest in Spark:
+a file whose size and mtime curate remembered is not opened (its records count as
+unchanged), a changed file is compared record by record, and what left -- a whole file,
+one record of a changed file -- is removed. The expectations are what the test does to
+the files; "not opened" is shown by a file overwritten with garbage under its old size
+and mtime (opened, it would be an ``unreadable_file`` reject that defers removals). The
+listing names each image by file and row, and the bytes are read where the record is
+prepared: each key's own image (its width tells it)."""
+
+from __future__ import annotations
+
+import os
+
+import lance
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from support import make_config, photo
+
+from etl import tables
+from etl.jobs.curate import curate
+from etl.lakehouse.curate_state import CurateState
+from etl.sources import adapter_for, file_table, finish_ingest
+
+pytestmark = pytest.mark.slow
+
+
+def _write(path, ids: list[int]) -> None:
+    pq.write_table(pa.table({
+        "id": [f"k{i}" for i in ids],
+        "image": pa.array([photo(i) for i in ids], pa.binary()),
+        "caption": [f"caption {i}" for i in ids],
+    }), path)
+
+
+def _manifest(spark, cfg) -> dict[str, tuple[str, str | None]]:
+    rows = spark.read.format("delta").load(tables.layout(cfg).manifest).collect()
+    return {r.source_key: (r.status, r.reason) for r in rows}
+
+
+def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
+        spark, tmp_path, monkeypatch):
+    monkeypatch.setattr(file_table, "DRIVER_READ_BYTES", -1)  # listed in Spark's tasks
+    folder = tmp_path / "table"
+    folder.mkdir()
+    _write(folder / "a.parquet", [0, 1, 2])
+    _write(folder / "b.parquet", [3, 4, 5])
+    _write(folder / "c.parquet", [6, 7])
+    cfg = make_config(tmp_path / "root", [{
+        "name": "t", "kind": "table", "path": str(folder),
+        "columns": {"key": "id", "image": "image", "caption": "caption"}}])
+
+    # The listing names each image by file and row; it carries no bytes.
+    src = cfg.source("t")
+    listed = finish_ingest(adapter_for("table").read(spark, src), src).collect()
+    assert {(r.source_key, r.image_ref.rsplit("/", 1)[-1], r.image_offset) for r in listed} \
+        == {(f"k{i}", f"{name}.parquet", j) for name, ids in (("a", [0, 1, 2]),
+            ("b", [3, 4, 5]), ("c", [6, 7])) for j, i in enumerate(ids)}
+    assert all(r.image_bytes is None for r in listed)
+
+    (first,) = curate(spark, cfg, "night-1").counts
+    assert (first.seen, first.accepted, first.unchanged) == (8, 8, 0)
+    # Each key's own image was read back where it was prepared (photo(i) is 60+i wide).
+    curated = lance.dataset(tables.layout(cfg).curated).to_table(
+        columns=["source_key", "width"]).to_pylist()
+    assert {r["source_key"]: r["width"] for r in curated} == {
+        f"k{i}": 60 + i for i in range(8)}
+
+    # a.parquet: garbage under its old size and mtime -- the trade of a size+mtime
+    # fingerprint, here the proof that it is not opened. b.parquet loses k4 (changed),
+    # c.parquet goes, d.parquet is new.
+    a = folder / "a.parquet"
+    st = a.stat()
+    a.write_bytes(b"\0" * st.st_size)
+    os.utime(a, ns=(st.st_atime_ns, st.st_mtime_ns))
+    _write(folder / "b.parquet", [3, 5])
+    os.utime(folder / "b.parquet", (st.st_atime + 10, st.st_mtime + 10))
+    (folder / "c.parquet").unlink()
+    _write(folder / "d.parquet", [8, 9])
+
+    (second,) = curate(spark, cfg, "night-2").counts
+    assert second.reasons.get("unreadable_file", 0) == 0
+    assert (second.seen, second.accepted, second.unchanged) == (2, 2, 5)
+    assert second.removed == {"source_removed": 3}
+    state = _manifest(spark, cfg)
+    assert {k for k, (status, _) in state.items() if status == "accepted"} == {
+        "k0", "k1", "k2", "k3", "k5", "k8", "k9"}
+    assert {k: v for k, v in state.items() if v[0] == "removed"} == {
+        k: ("removed", "source_removed") for k in ("k4", "k6", "k7")}
+
+    # What was remembered holds only at the manifest version it was written after.
+    memo = CurateState.of(tables.layout(cfg))
+    version = tables_version = _manifest_version(spark, cfg)
+    assert set(memo.table_containers(version)["t"]) == {
+        f"file:{folder}/{n}.parquet" for n in "abd"}
+    assert memo.table_containers(tables_version + 1) == {}
+
+
+def _manifest_version(spark, cfg) -> int:
+    from etl.lakehouse.catalog import Catalog
+
+    return Catalog.of(spark, cfg).manifest.version()
