@@ -6,10 +6,11 @@ Generates `--records` small distinct 160x120 JPEGs with planted exact and near c
 `--file-rows` rows, never all in memory), then runs three nights, each a fresh `lakeshard
 run --only curate --only dedup --only export` process as a scheduler starts it
 (bench/nightly.py's command): the first, a no-op rerun, and one after a new file of 1 %
-new records, some of them copies of old records. Every configurable driver bound
-(`driver:`: prepare_rows, plan_rows, ids, scan_rows) is 0, so every Spark path of those
-bounds runs whatever N is; the run's Spark settings are conf/local.yaml's (`local[*]`,
-`spark.driver.memory` 4g unless `--driver-memory`).
+new records, some of them copies of old records. The driver bounds (`driver:`:
+prepare_rows, plan_rows, ids, scan_rows) are lakeshard's defaults, as a user runs it
+(`--bounds config`), or all 0 (`--bounds spark`), so that every Spark path of those
+bounds runs whatever N is and its results are checked; the run's Spark settings are
+conf/local.yaml's (`local[*]`, `spark.driver.memory` 4g unless `--driver-memory`).
 
 Printed per night: the command's wall time, each stage's seconds (the run's
 events.jsonl, `stage_end`), the time before the first and after the last stage, ms per
@@ -107,7 +108,8 @@ def _night(conf: Path, root: Path, run_id: str, label: str, new: int) -> dict:
             **nightly.night_events(root, run_id, began, ended)}
 
 
-def _config(work: Path, files: Path, driver_memory: str, partitions: int) -> Path:
+def _config(work: Path, files: Path, driver_memory: str, partitions: int,
+            bounds: str) -> Path:
     import yaml
 
     spark = yaml.safe_load((REPO / "conf" / "local.yaml").read_text())["spark"]
@@ -118,8 +120,9 @@ def _config(work: Path, files: Path, driver_memory: str, partitions: int) -> Pat
            "sources": [{"name": SOURCE, "kind": "table", "format": "parquet",
                         "path": str(files / "part-*.parquet"),
                         "columns": {"key": "key", "image": "image", "caption": "caption"}}],
-           "exports": {"train": {"partitions": partitions}},
-           "driver": dict(BOUNDS_OFF)}
+           "exports": {"train": {"partitions": partitions}}}
+    if bounds == "spark":
+        raw["driver"] = dict(BOUNDS_OFF)
     conf = work / "scale.yaml"
     conf.write_text(yaml.safe_dump(raw))
     return conf
@@ -228,6 +231,9 @@ def main() -> int:
                     "temporary folder, removed at exit unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the folder afterwards")
     ap.add_argument("--driver-memory", default="4g", help="spark.driver.memory")
+    ap.add_argument("--bounds", choices=("config", "spark"), default="config",
+                    help="driver bounds: lakeshard's defaults (config), or all 0 so every "
+                    "Spark path runs (spark)")
     ap.add_argument("--rows-per-partition", type=int, default=2500,
                     help="export partitions = records / this (at least 2)")
     ap.add_argument("--seed", type=int, default=0)
@@ -247,10 +253,13 @@ def main() -> int:
     size = sum(os.path.getsize(w["path"]) for w in written)
     print(f"{n} records in {len(written)} parquet files ({size / 1e9:.2f} GB) generated in "
           f"{gen_s:.1f} s under {files}", flush=True)
-    conf = _config(work, files, args.driver_memory, max(2, n // args.rows_per_partition))
-    print(f"driver bounds all 0 ({', '.join(f'driver.{k}' for k in BOUNDS_OFF)}): every "
-          "Spark path of those bounds runs; spark.driver.memory "
-          f"{args.driver_memory}; {os.cpu_count()} cores", flush=True)
+    conf = _config(work, files, args.driver_memory, max(2, n // args.rows_per_partition),
+                   args.bounds)
+    bounds = (f"driver bounds all 0 ({', '.join(f'driver.{k}' for k in BOUNDS_OFF)}): "
+              "every Spark path of those bounds runs" if args.bounds == "spark"
+              else "driver bounds: lakeshard's defaults (etl/config/bounds.py)")
+    print(f"{bounds}; spark.driver.memory {args.driver_memory}; {os.cpu_count()} cores",
+          flush=True)
     nights = [_night(conf, work / "root", "scale-first", "first", n)]
     nights.append(_night(conf, work / "root", "scale-noop", "no-op", 0))
     # The new file's copies have originals among the first night's records: ~10 of them
@@ -267,6 +276,7 @@ def main() -> int:
         "copies": {k: len(v) for k, v in copies.items()},
         "worst_near_bits": max(w["worst_near_bits"] for w in written + more),
         "parquet_bytes": size, "generate_s": gen_s, "driver_memory": args.driver_memory,
+        "bounds": args.bounds,
         "cores": os.cpu_count(), "load": os.getloadavg()[0],
         "increment_ratio": nights[2]["wall"] / nights[0]["wall"],
         "noop_ratio": nights[1]["wall"] / nights[0]["wall"],
