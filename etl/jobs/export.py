@@ -483,16 +483,16 @@ def _changed(spark: SparkSession, cfg: Config, exp, cols: _Columns,
     ds = cols.table
     appended = fragment_rows(ds, rows.appended, cols.small, exp.where, schema)
     flipped = {i for i in set(now) | set(then) if (now.get(i) is False) != (then.get(i) is False)}
-    arrived = set(appended.column("sample_id").to_pylist())
     present = pa.concat_tables([appended, rows_by_id(
-        ds, sorted(flipped - arrived - rows.deleted), cols.small, exp.where, schema)])
+        ds, sorted(flipped - rows.arrived - rows.deleted), cols.small, exp.where, schema)])
     ids = present.column("sample_id").to_pylist()
     if not exp.include_duplicates:
         unknown = [i for i in ids if i not in now]
         looked_up = DedupTable(spark, cfg).canonical_of(unknown)
         if looked_up is None:
             return None
-        left_out = {i for i in ids if {**looked_up, **now}.get(i) is False}
+        status = {**looked_up, **now}
+        left_out = {i for i in ids if status.get(i) is False}
         present = _held_without(present, sorted(left_out))
     fingerprint = since["duplicates_fingerprint"]
     if fingerprint is not None and flipped:
