@@ -424,3 +424,65 @@ def test_duplicate_ids_read_on_the_driver_keep_an_exports_partitions(spark, tmp_
         spark.conf.set("spark.sql.shuffle.partitions", before)
     assert len(plain) < 8 and sum(plain) == 40  # what the writer must not get
     assert len(kept) == 8 and sum(kept) == 40
+
+
+def test_an_increments_read_of_stored_rows_follows_the_new_rows_keys(spark, tmp_path):
+    """An increment's read of the dedup table is bounded by the new rows' LSH keys and
+    ids, not by the table: of 4,000 stored rows (random hashes, clusters of two), the
+    filtered reads take out the rows that share a band combination with a new hash, the
+    rows named by an id, and their clusters' members -- counted here from the blocks
+    themselves and brute-force Hamming distances -- and the plan keeps only those within
+    the threshold. The delta-rs scan in the driver and Spark's read agree."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+    from support import make_config
+
+    from etl.lakehouse import dedup_table as module
+    from etl.lakehouse.dedup_increment import stored_lookup
+    from etl.schema import DEDUP_SCHEMA, arrow_schema
+
+    rng = random.Random(5)
+    cfg = DedupConfig()  # threshold 4, 6 blocks: a key is any 2 blocks in common
+    bounds = [round(i * 64 / cfg.bands) for i in range(cfg.bands + 1)]
+
+    def blocks_equal(a: int, b: int) -> int:
+        x = (a ^ b) & ((1 << 64) - 1)
+        return sum(((x >> lo) & ((1 << (hi - lo)) - 1)) == 0
+                   for lo, hi in zip(bounds, bounds[1:], strict=False))
+
+    base = [_signed(rng.getrandbits(64)) for _ in range(2000)]
+    rows = []
+    for i in range(4000):  # s0000 and s0001 share base[0]'s cluster, 2 bits apart
+        h = base[i // 2] if i % 2 == 0 else _signed((base[i // 2] & ((1 << 64) - 1)) ^ 0b101)
+        rows.append({"sample_id": f"s{i:04d}", "source": "src", "image_sha256": f"h{i}",
+                     "dhash": h, "dup_cluster_id": f"s{i - i % 2:04d}",
+                     "is_canonical": i % 2 == 0, "dup_kind": "canonical" if i % 2 == 0
+                     else "near", "cluster_size": 2, "run_id": "r1"})
+    near = _signed((base[7] & ((1 << 64) - 1)) ^ (1 << 40))  # 1 bit from s0014
+    far = [_signed(rng.getrandbits(64)) for _ in range(5)]
+    added = [{"sample_id": "new0", "dhash": near}] + [
+        {"sample_id": f"new{j + 1}", "dhash": h} for j, h in enumerate(far)]
+    ids = {r["sample_id"] for r in added} | {"s0101"}  # s0101 changed its image
+    # Expected, from the blocks and distances (not the code's masks or filters):
+    new_hashes = [r["dhash"] for r in added]
+    shares_key = [r for r in rows if any(blocks_equal(r["dhash"], h) >= cfg.bands - cfg.threshold
+                                         for h in new_hashes)]
+    candidates = {r["sample_id"] for r in shares_key} | {
+        r["sample_id"] for r in rows if r["sample_id"] in ids or r["dup_cluster_id"] in ids}
+    within = {r["sample_id"] for r in rows if r["sample_id"] in ids or any(
+        (((r["dhash"] ^ h) & ((1 << 64) - 1)).bit_count() <= cfg.threshold)
+        for h in new_hashes)}
+    clusters = {r["dup_cluster_id"] for r in rows if r["sample_id"] in within}
+    members = [r for r in rows if r["dup_cluster_id"] in clusters]
+    expected = within | {r["sample_id"] for r in members}
+    assert expected == {"s0014", "s0015", "s0100", "s0101"}
+
+    table = module.DedupTable(spark, make_config(tmp_path))
+    write_deltalake(table.path, pa.Table.from_pylist(rows, schema=arrow_schema(DEDUP_SCHEMA)))
+    local = stored_lookup(spark, table.scan_local(), cfg, added, ids)
+    frame = spark.createDataFrame([tuple(r[f] for f in DEDUP_SCHEMA.fieldNames())
+                                   for r in rows], DEDUP_SCHEMA)
+    in_spark = stored_lookup(spark, frame, cfg, added, ids)
+    assert sorted(local.rows) == sorted(in_spark.rows) == sorted(expected)
+    assert local.read == in_spark.read == len(candidates) + len(members)
+    assert local.read < 20  # of 4,000 stored rows

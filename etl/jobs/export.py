@@ -26,7 +26,9 @@ from etl.errors import ConfigError
 from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 from etl.lakehouse.derived import DerivedState
+from etl.lakehouse.lance_changes import fragment_rows, read_schema, row_changes, rows_by_id
 from etl.ledger import code_version
+from etl.runtime.local import local_arrow
 from etl.runtime.stage import Metrics, RunContext, StageDetail, StageResult
 from etl.transforms.export import (
     export_columns,
@@ -40,8 +42,12 @@ from etl.writers.mds import (
     ExportResult,
     ExportSettings,
     export_mds,
+    exported_of,
     mds_encoding,
+    part_members,
+    plan_changes,
     read_manifest,
+    row_fingerprint,
     warm_for,
 )
 
@@ -71,6 +77,20 @@ class _Memo:
         self._dedup = DerivedState(f"{base}.dedup.json", "export_dedup")
         self._removals = DerivedState(f"{base}.removals.json", "export_removals")
         self._key = DerivedState(f"{base}.key.json", "export_key")
+        self._changes = DerivedState(f"{base}.changes.json", "export_changes")
+
+    def since(self, key: dict) -> dict | None:
+        """The versions and figures the export in place was written at (its key in
+        `key`), for an increment from what changed since (:func:`_from_changes`)."""
+        return self._changes.load(key)
+
+    def save_since(self, key: dict | None, payload: dict | None) -> None:
+        """After an export committed: what the next increment starts from; forgotten
+        when the export cannot say (dedup not covering the rows)."""
+        if key is None or payload is None:
+            self._changes.clear()
+        else:
+            self._changes.save(key, payload)
 
     def export_key(self, inputs: dict | None) -> str | None:
         """The export key last committed from `inputs` (see :func:`_quiet_inputs`)."""
@@ -274,10 +294,29 @@ def _choose_rows(spark: SparkSession, cfg: Config, exp, cols: _Columns, curated:
                    (inputs, after_dedup, dedup, manifest_version, kept))
 
 
+def _settings(cfg: Config, name: str, exp, cols: _Columns, dedup: dict, removals: dict,
+              held: bool) -> ExportSettings:
+    """The writer's settings and the lineage that make the export key: the same from
+    a full diff and from what changed, so that both name the same export."""
+    paths, version = tables.layout(cfg), cols.table.version
+    return ExportSettings(
+        partitions=exp.partitions, size_limit=exp.size_limit, compression=exp.compression,
+        hashes=exp.hashes, seed=exp.seed,
+        manifest={"name": name, "table": paths.curated, "where": exp.where,
+                  "sources": dict(cols.mapping)},
+        # What changes with the table's content: an incremental export diffs rows when
+        # only this changed since the export in place.
+        lineage={"table_version": version, "dedup": dedup, "removals": removals},
+        blobs=BlobSource(paths.curated, version, cols.fetched), buckets=exp.buckets,
+        jpeg_quality=cfg.prepare.jpeg_quality, encodings=cols.encodings,
+        incremental=exp.incremental, identity="_identity" if cols.identity else None,
+        held=held,
+    )
+
+
 def _write(cfg: Config, name: str, exp, cols: _Columns, curated: _Curated,
            chosen: _Chosen) -> ExportResult:
     """Step "write": the partition-wise MDS writer, then the closing count."""
-    paths, version = tables.layout(cfg), cols.table.version
     frame, left_out = curated.frame, chosen.left_out
     if curated.held is not None and chosen.left_out_ids is not None:
         # The rows and those left out, both on the driver: left out here, so that the
@@ -290,20 +329,7 @@ def _write(cfg: Config, name: str, exp, cols: _Columns, curated: _Curated,
     for f in rows.schema.fields:  # MDS encodings checked before the job starts
         if f.name not in (ROW_ADDRESS, "_identity") and f.name not in cols.encodings:
             mds_encoding(f.dataType, f.name)
-    settings = ExportSettings(
-        partitions=exp.partitions, size_limit=exp.size_limit, compression=exp.compression,
-        hashes=exp.hashes, seed=exp.seed,
-        manifest={"name": name, "table": paths.curated, "where": exp.where,
-                  "sources": dict(cols.mapping)},
-        # What changes with the table's content: an incremental export diffs rows when
-        # only this changed since the export in place.
-        lineage={"table_version": version, "dedup": chosen.dedup,
-                 "removals": chosen.removals},
-        blobs=BlobSource(paths.curated, version, cols.fetched), buckets=exp.buckets,
-        jpeg_quality=cfg.prepare.jpeg_quality, encodings=cols.encodings,
-        incremental=exp.incremental, identity="_identity" if cols.identity else None,
-        held=cols.held,
-    )
+    settings = _settings(cfg, name, exp, cols, chosen.dedup, chosen.removals, cols.held)
     result = export_mds(rows, tables.export_path(cfg, name), settings)
     if result.samples != chosen.expected:
         raise RuntimeError(
@@ -352,6 +378,10 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
     quiet = _in_place(cfg, name, memo.export_key(inputs))
     if quiet is not None:
         return quiet
+    since_key = _since_key(cfg, name, read_manifest(tables.export_path(cfg, name)))
+    done = _from_changes(spark, cfg, name, exp, cols, memo, since_key)
+    if done is not None:
+        return done
     if cols.held:
         warm_for(tables.export_path(cfg, name), cols.matching)
     curated = _read_curated(spark, tables.layout(cfg).curated, cols.table.version,
@@ -361,9 +391,186 @@ def export(spark: SparkSession, cfg: Config, name: str) -> ExportResult:
         result = _write(cfg, name, exp, cols, curated, chosen)
         memo.save(*chosen.memo)
         memo.save_key(inputs, tables.export_path(cfg, name))
+        memo.save_since(_since_key(cfg, name, read_manifest(tables.export_path(cfg, name))),
+                        _since(spark, cfg, cols, chosen.dedup, chosen.removals, inputs))
         return result
     finally:
         curated.frame.unpersist()
+
+
+
+# ---------------------------------------------------------------- increment from changes
+#
+# A night's export follows what changed since the export in place, not the table: the
+# curated rows appended or deleted since the version it was written at (Lance fragment
+# metadata: :mod:`etl.lakehouse.lance_changes`), the dedup rows whose canonical flag
+# changed since the dedup version it was written at (the Delta files added and removed
+# since), and the ids the export holds of those rows (its partitions' ids, filtered).
+# The plan is the one a diff of every row would make (:func:`plan_changes`), and the
+# export key is the same. The whole diff runs instead whenever the memo can't be
+# trusted; see docs/exports.md ("Increments from what changed").
+
+
+def _since_key(cfg: Config, name: str, current: dict | None) -> dict | None:
+    """What the memo of changes is keyed by: lakeshard's version, the export's settings
+    and the export in place (its key): another of any of them, and the memo is stale."""
+    if current is None or not current.get("export_key"):
+        return None
+    return {"code": code_version(), "export": cfg.export(name).model_dump(mode="json"),
+            "jpeg_quality": cfg.prepare.jpeg_quality, "export_key": current["export_key"]}
+
+
+def _since(spark: SparkSession, cfg: Config, cols: _Columns, dedup: dict, removals: dict,
+           inputs: dict | None) -> dict | None:
+    """The memo of changes for the export just committed: the versions it was written
+    at and the figures the next increment carries forward; None when dedup does not
+    cover the rows (`inputs` None), or rows a takedown names were still in the table."""
+    if inputs is None or removals.get("excluded_taken_down"):
+        return None
+    return {"version": cols.table.version, "dedup_version": inputs["dedup"],
+            "takedowns": inputs["takedowns"], "duplicates_fingerprint":
+            dedup.get("duplicates_fingerprint"), "taken_down": "excluded_taken_down" in removals}
+
+
+@dataclass(frozen=True)
+class _Changed:
+    """The rows an increment looks at: `members` (in the selection now, their small
+    columns and row addresses) and `touched` (every id that may have joined or left)."""
+    members: pa.Table
+    touched: set[str]
+    duplicates_fingerprint: int | None
+
+
+def _from_changes(spark: SparkSession, cfg: Config, name: str, exp, cols: _Columns,
+                  memo: _Memo, key: dict | None) -> ExportResult | None:
+    """The export written from what changed since the export in place, or None for the
+    whole diff: no memo for the export in place (its key, settings, lakeshard's
+    version), takedowns recorded since, latents exported, the memo's curated version
+    cleaned up, dedup not covering the rows or its changes unreadable, more ids touched
+    than ``driver.ids``, or a plan that rewrites the export."""
+    since = memo.since(key) if key is not None and exp.incremental else None
+    if since is None or cols.encodings:
+        return None
+    if Catalog.of(spark, cfg).takedowns.version() != since["takedowns"]:
+        return None
+    changed = _changed(spark, cfg, exp, cols, since)
+    if changed is None or len(changed.touched) > cfg.driver.ids:
+        return None
+    return _write_changes(spark, cfg, name, exp, cols, memo, since, changed)
+
+
+def _changed(spark: SparkSession, cfg: Config, exp, cols: _Columns,
+             since: dict) -> _Changed | None:
+    """The rows of the curated fragments appended or written again since the memo's
+    version, the ids deleted since, and the rows whose canonical flag changed since its
+    dedup version, with their membership now."""
+    path, version = tables.layout(cfg).curated, cols.table.version
+    rows = row_changes(path, since["version"], version)
+    if rows is None:
+        return None
+    now, then = {}, {}
+    if not exp.include_duplicates:
+        dedup = DedupTable(spark, cfg)
+        state = dedup.state()
+        if state is None or not dedup.covers_rows(int(state.get(DEDUP_CURATED_VERSION, -1)),
+                                                  version):
+            return None
+        found = dedup.canonical_changes(since["dedup_version"])
+        if found is None:
+            return None
+        now, then = found
+    _, schema = read_schema(path, version, cols.small)
+    ds = cols.table
+    appended = fragment_rows(ds, rows.appended, cols.small, exp.where, schema)
+    flipped = {i for i in set(now) | set(then) if (now.get(i) is False) != (then.get(i) is False)}
+    present = pa.concat_tables([appended, rows_by_id(
+        ds, sorted(flipped - rows.arrived - rows.deleted), cols.small, exp.where, schema)])
+    ids = present.column("sample_id").to_pylist()
+    if not exp.include_duplicates:
+        unknown = [i for i in ids if i not in now]
+        looked_up = DedupTable(spark, cfg).canonical_of(unknown)
+        if looked_up is None:
+            return None
+        status = {**looked_up, **now}
+        left_out = {i for i in ids if status.get(i) is False}
+        present = _held_without(present, sorted(left_out))
+    fingerprint = since["duplicates_fingerprint"]
+    if fingerprint is not None and flipped:
+        fingerprint ^= ids_fingerprint(sorted(flipped))
+    return _Changed(present, set(ids) | rows.arrived | rows.deleted | flipped, fingerprint)
+
+
+def _write_changes(spark: SparkSession, cfg: Config, name: str, exp, cols: _Columns,
+                   memo: _Memo, since: dict, changed: _Changed) -> ExportResult | None:
+    """Plan the increment from `changed` (:func:`plan_changes`), read the rows of the
+    partitions it rewrites, and write; None when the plan rewrites the export."""
+    out, version = tables.export_path(cfg, name), cols.table.version
+    current = read_manifest(out)
+    schema, _ = read_schema(tables.layout(cfg).curated, version, cols.small)
+    members = changed.members
+    rows = _export_frame(spark, exp, cols, members, schema)
+    fps = local_arrow(rows.select("sample_id", row_fingerprint(
+        rows, exclude=(ROW_ADDRESS,)).alias("_fp")))
+    old = exported_of(out, current, changed.touched)
+    member_ids = set(members.column("sample_id").to_pylist())
+    plan = plan_changes(fps, old, changed.touched - member_ids, current, exp.partitions)
+    if not plan.incremental:
+        return None
+    unchanged = set(part_members(out, current, plan.rewritten)) - changed.touched
+    others = rows_by_id(cols.table, sorted(unchanged), cols.small, exp.where,
+                        members.schema)
+    if others.num_rows != len(unchanged):
+        return None  # a row of a rewritten partition left the selection unseen
+    rewritten = set(plan.rewritten)
+    held = {i: (f, p) for i, f, p in zip(old["sample_id"].to_pylist(),
+                                          old["_old_fp"].to_pylist(),
+                                          old["_part"].to_pylist(), strict=True)}
+    fp = dict(zip(fps["sample_id"].to_pylist(), fps["_fp"].to_pylist(), strict=True))
+    stay = [i for i in member_ids if i in held and held[i][1] not in rewritten
+            and held[i][0] == fp[i]]
+    write = pa.concat_tables([_held_without(members, stay), others])
+    expected = current["samples"] + plan.added - plan.departed
+    return _commit_changes(spark, cfg, name, exp, cols, memo, since, changed,
+                           (_export_frame(spark, exp, cols, write, schema), plan, expected))
+
+
+def _export_frame(spark: SparkSession, exp, cols: _Columns, table: pa.Table, schema):
+    """Curated rows the driver read, as the export's rows (:func:`export_rows`)."""
+    return export_rows(spark.createDataFrame(table, schema), cols.mapping,
+                       captions=set(exp.captions), fetched=set(cols.fetched),
+                       duplicates=None, row_address=ROW_ADDRESS, identity=cols.identity)
+
+
+def _commit_changes(spark: SparkSession, cfg: Config, name: str, exp, cols: _Columns,
+                    memo: _Memo, since: dict, changed: _Changed,
+                    written: tuple) -> ExportResult | None:
+    """Write the increment with the lineage a full diff would give it, check its
+    count, and remember where the next one starts."""
+    rows, plan, expected = written
+    dedup: dict = {"include_duplicates": exp.include_duplicates}
+    if not exp.include_duplicates:
+        dedup.update(excluded_duplicates=cols.matching - expected,
+                     duplicates_fingerprint=changed.duplicates_fingerprint)
+    manifest_version = Catalog.of(spark, cfg).manifest.version()
+    removals = memo.removals(manifest_version) or _removals(spark, cfg)
+    kept = dict(removals)
+    if since["taken_down"]:
+        removals["excluded_taken_down"] = 0
+    settings = _settings(cfg, name, exp, cols, dedup, removals,
+                         held=plan.to_write <= cfg.driver.ids)
+    out = tables.export_path(cfg, name)
+    result = export_mds(rows, out, settings, planned=plan)
+    if result is None:
+        return None
+    if result.samples != expected:
+        raise RuntimeError(f"export {name!r} has {result.samples} samples after an "
+                           f"increment, expected {expected}")
+    inputs = _quiet_inputs(spark, cfg, name, cols.table.version)
+    memo.save(inputs, expected, dedup, manifest_version, kept)
+    memo.save_key(inputs, out)
+    memo.save_since(_since_key(cfg, name, read_manifest(out)),
+                    _since(spark, cfg, cols, dedup, removals, inputs))
+    return result
 
 
 def warm(cfg: Config, ctx: RunContext) -> None:

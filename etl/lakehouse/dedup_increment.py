@@ -8,10 +8,15 @@ Three steps, each a function:
    covers: fragments appended (read alone), deletion files that grew, fragments a purge
    or compaction rewrote (their rows before, against the fragments that replaced them:
    moved rows are not new);
-2. :func:`stored_rows` -- the dedup table's rows the plan needs: stored hashes sharing an
-   LSH key with a new hash, the previous rows of changed and deleted ids, rows whose
-   cluster is named after one of those ids, then every member of their clusters (a
-   filtered scan of narrow columns against broadcast keys, no shuffle of the table);
+2. :func:`stored_lookup` -- the dedup table's rows the plan needs: stored hashes within
+   ``threshold`` bits of a new hash (found through an LSH key in common, then measured),
+   the previous rows of changed and deleted ids, rows whose cluster is named after one of
+   those ids, then every member of their clusters. The new rows' keys and ids are pushed
+   into the table's read (a pyarrow dataset filter over delta-rs's files in the driver;
+   broadcast keys in Spark), so the rows read follow the new rows' keys: a stored hash
+   that only shares a key (one in ~2^21 per key with the default 4/6, i.e. a number that
+   grows with the table) is dropped before the curated table is asked for its
+   ordering columns or the plan sees it;
 3. :func:`curated_rows` -- those stored rows' ordering columns from the curated table
    (pylance in the driver up to a row bound, else one Spark job).
 
@@ -34,11 +39,14 @@ from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, lsh_masks
 from etl.writers.lance import lance_reader
 
 __all__ = [
+    "scan_rows",
     "deleted_rows",
     "row_layout",
     "same_rows",
     "FragmentChanges",
     "fragment_changes",
+    "StoredRows",
+    "stored_lookup",
     "stored_rows",
     "curated_rows",
     "TouchedRows",
@@ -48,6 +56,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _IDENTITY = ("sample_id", "image_sha256", "dhash")
+_MASK64 = (1 << 64) - 1
 
 
 def deleted_rows(fragment) -> int:
@@ -133,40 +142,80 @@ def _semi(table: DataFrame, spark: SparkSession, column: str, values: list) -> D
     return table.join(F.broadcast(wanted), column, "left_semi")
 
 
-def stored_rows(spark: SparkSession, table, cfg: DedupConfig,
-                added: list[dict], ids: set[str]) -> dict[str, dict]:
+@dataclass(frozen=True)
+class StoredRows:
+    """What :func:`stored_lookup` found in the dedup table."""
+
+    rows: dict[str, dict]  # ASSIGNMENT_COLUMNS by id: the stored rows the plan needs
+    read: int  # stored rows the lookup took out of the table (before the distance check)
+
+
+def _key_buckets(added: list[dict], cfg: DedupConfig) -> dict[tuple[int, int], list[int]]:
+    """(band, key) -> the new hashes with that LSH key: what a stored hash must share
+    to be a candidate, and whom it is then measured against."""
+    buckets: dict[tuple[int, int], list[int]] = {}
+    for k, m in enumerate(lsh_masks(cfg.threshold, cfg.bands)):
+        for r in added:
+            if r["dhash"] is not None:
+                buckets.setdefault((k, r["dhash"] & m), []).append(r["dhash"])
+    return buckets
+
+
+def _near(dhash: int | None, buckets: dict[tuple[int, int], list[int]],
+          masks: list[int], threshold: int) -> bool:
+    """Whether a stored hash is within `threshold` bits of a new hash it shares a key
+    with (a candidate farther away joins no pair: R2 verifies every candidate)."""
+    if dhash is None:
+        return False
+    return any(((dhash ^ h) & _MASK64).bit_count() <= threshold
+               for k, m in enumerate(masks) for h in buckets.get((k, dhash & m), ()))
+
+
+def stored_lookup(spark: SparkSession, table, cfg: DedupConfig,
+                  added: list[dict], ids: set[str]) -> StoredRows:
     """The assignments (by id) a plan of `added` rows and changed or deleted `ids`
     needs from the dedup `table` (ASSIGNMENT_COLUMNS): near neighbours of the new
-    hashes (an LSH key in common), the previous rows of `ids`, rows whose cluster is
-    named after one of them; then every member of their clusters. `table`: the table
-    in Spark, or read on the driver as an Arrow table (:func:`_stored_local`, no Spark
-    job)."""
-    masks = lsh_masks(cfg.threshold, cfg.bands)
-    keys = sorted({(k, r["dhash"] & m) for r in added if r["dhash"] is not None
-                   for k, m in enumerate(masks)})
-    if not isinstance(table, DataFrame):  # read on the driver
-        return _stored_local(table, masks, set(keys), ids)
-    found = table.limit(0)
-    if keys:
+    hashes (an LSH key in common, then within ``threshold`` bits of one), the previous
+    rows of `ids`, rows whose cluster is named after one of them; then every member of
+    their clusters. The table is read through filters on those keys and ids, so what it
+    hands over follows the new rows, not the stored ones. `table`: the table in Spark,
+    or a pyarrow dataset (or Arrow table) the driver scans (:func:`_stored_local`, no
+    Spark job)."""
+    masks, threshold = lsh_masks(cfg.threshold, cfg.bands), cfg.threshold
+    buckets = _key_buckets(added, cfg)
+    if not isinstance(table, DataFrame):  # scanned by the driver
+        return _stored_local(table, masks, buckets, ids, threshold)
+    found = table.limit(0).select(*ASSIGNMENT_COLUMNS, F.lit(True).alias("_near"))
+    if buckets:
         keyed = table.select(
             "*", F.posexplode(F.array(*[F.col("dhash").bitwiseAND(F.lit(m).cast("long"))
                                         for m in masks])).alias("_key_id", "_key"))
-        wanted = spark.createDataFrame(keys, "_key_id int, _key long")
-        found = keyed.join(F.broadcast(wanted), ["_key_id", "_key"], "left_semi").select(
-            *ASSIGNMENT_COLUMNS)
+        wanted = spark.createDataFrame([(k, key, h) for (k, key), hs in sorted(buckets.items())
+                                        for h in hs], "_key_id int, _key long, _new long")
+        distance = F.bit_count(F.col("dhash").bitwiseXOR(F.col("_new")))
+        found = keyed.join(F.broadcast(wanted), ["_key_id", "_key"]).select(
+            *ASSIGNMENT_COLUMNS, (distance <= threshold).alias("_near"))
     if ids:
-        found = found.unionByName(_semi(table, spark, "sample_id", sorted(ids)))
-        found = found.unionByName(table.join(
-            F.broadcast(spark.createDataFrame([(i,) for i in sorted(ids)],
-                                              "dup_cluster_id string")),
-            "dup_cluster_id", "left_semi"))
-    first = found.dropDuplicates(["sample_id"]).collect()
-    prior = {r["sample_id"]: r.asDict() for r in first}
-    clusters = sorted({r["dup_cluster_id"] for r in first})
-    if clusters:
-        for r in _semi(table, spark, "dup_cluster_id", clusters).collect():
-            prior.setdefault(r["sample_id"], r.asDict())
-    return prior
+        named = F.broadcast(spark.createDataFrame([(i,) for i in sorted(ids)], "_id string"))
+        found = found.unionByName(
+            table.join(named, (F.col("sample_id") == F.col("_id"))
+                       | (F.col("dup_cluster_id") == F.col("_id")), "left_semi")
+            .select(*ASSIGNMENT_COLUMNS, F.lit(True).alias("_near")))
+    candidates = found.groupBy(*ASSIGNMENT_COLUMNS).agg(F.max("_near").alias("_near")).collect()
+    first = [r for r in candidates if r["_near"]]
+    prior = {r["sample_id"]: {c: r[c] for c in ASSIGNMENT_COLUMNS} for r in first}
+    clusters = sorted({r["dup_cluster_id"] for r in first
+                       if r["cluster_size"] > 1 or r["sample_id"] in ids})
+    members = _semi(table, spark, "dup_cluster_id", clusters).collect() if clusters else []
+    for r in members:
+        prior.setdefault(r["sample_id"], r.asDict())
+    return StoredRows(prior, len(candidates) + len(members))
+
+
+def stored_rows(spark: SparkSession, table, cfg: DedupConfig,
+                added: list[dict], ids: set[str]) -> dict[str, dict]:
+    """:func:`stored_lookup`'s rows."""
+    return stored_lookup(spark, table, cfg, added, ids).rows
 
 
 def _signed(v: int) -> int:
@@ -174,26 +223,72 @@ def _signed(v: int) -> int:
     return (v + 2**63) % 2**64 - 2**63
 
 
-def _stored_local(table, masks: list[int], keys: set[tuple[int, int]],
-                  ids: set[str]) -> dict[str, dict]:
-    """:func:`stored_rows` over the table read on the driver (an Arrow table), in
-    vectorised compute: the same three matches (an LSH key of a new hash, an id, a
-    cluster named after an id), then their clusters' members."""
+def scan_rows(table, columns: list[str], keep) -> list[dict]:
+    """The rows of `table` (a pyarrow dataset or Arrow table) for which `keep(batch)` (a
+    boolean mask) holds, batch by batch: only those rows are materialised."""
+    import pyarrow as pa
+
+    batches = (table.select(columns).to_batches() if isinstance(table, pa.Table)
+               else table.to_batches(columns=columns))
+    out: list[dict] = []
+    for batch in batches:
+        if batch.num_rows:
+            batch = _plain(batch)
+            out.extend(batch.filter(keep(batch)).to_pylist())
+    return out
+
+
+def _plain(batch):
+    """`batch` with string views (delta-rs's datasets hand them out) as plain strings,
+    which the ids and keys compared with them are."""
+    import pyarrow as pa
+
+    if not any(pa.types.is_string_view(t) or pa.types.is_large_string(t)
+               for t in batch.schema.types):
+        return batch
+    return pa.RecordBatch.from_arrays(
+        [c.cast(pa.string()) if pa.types.is_string_view(c.type)
+         or pa.types.is_large_string(c.type) else c for c in batch.columns],
+        names=batch.schema.names)
+
+
+def _stored_local(table, masks: list[int], buckets: dict[tuple[int, int], list[int]],
+                  ids: set[str], threshold: int) -> StoredRows:
+    """:func:`stored_lookup` on the driver, over the table's files (a pyarrow dataset,
+    e.g. delta-rs's; or an Arrow table) read batch by batch: the rows with an LSH key of
+    a new hash, an id, or a cluster named after an id are kept (vectorised compute),
+    measured, and then the members of their clusters of two or more are read the same
+    way. Only the matching rows are materialised."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     wanted = pa.array(sorted(ids), pa.string())
-    hit = pc.or_(pc.is_in(table["sample_id"], wanted), pc.is_in(table["dup_cluster_id"], wanted))
-    for k, m in enumerate(masks):
-        band = pa.array(sorted({_signed(key) for kk, key in keys if kk == k}), pa.int64())
-        if len(band):
-            hit = pc.or_(hit, pc.is_in(pc.bit_wise_and(table["dhash"], pa.scalar(
-                _signed(m), pa.int64())), band))
-    first = table.filter(hit)
-    clusters = pc.unique(first["dup_cluster_id"])
-    members = table.filter(pc.and_(pc.is_in(table["dup_cluster_id"], clusters),
-                                   pc.invert(hit)))
-    return {r["sample_id"]: r for r in first.to_pylist() + members.to_pylist()}
+    bands = [(pa.scalar(_signed(m), pa.int64()),
+              pa.array(sorted({_signed(key) for kk, key in buckets if kk == k}), pa.int64()))
+             for k, m in enumerate(masks)]
+
+    def keyed(batch):
+        hit = pc.or_(pc.is_in(batch["sample_id"], wanted),
+                     pc.is_in(batch["dup_cluster_id"], wanted))
+        for mask, band in bands:
+            if len(band):
+                hit = pc.or_(hit, pc.is_in(pc.bit_wise_and(batch["dhash"], mask), band))
+        return hit
+
+    columns = list(ASSIGNMENT_COLUMNS)
+    candidates = scan_rows(table, columns, keyed)
+    first = [r for r in candidates if r["sample_id"] in ids or r["dup_cluster_id"] in ids
+             or _near(r["dhash"], buckets, masks, threshold)]
+    prior = {r["sample_id"]: r for r in first}
+    # A cluster of one is its row alone: only larger clusters are read for members.
+    clusters = pa.array(sorted({r["dup_cluster_id"] for r in first
+                                if r["cluster_size"] > 1 or r["sample_id"] in ids}),
+                        pa.string())
+    members = scan_rows(table, columns, lambda b: pc.is_in(b["dup_cluster_id"], clusters)) \
+        if len(clusters) else []
+    for r in members:
+        prior.setdefault(r["sample_id"], r)
+    return StoredRows(prior, len(candidates) + len(members))
 
 
 def curated_rows(spark: SparkSession, path: str, now, version: int, ids: list[str],
@@ -224,6 +319,7 @@ class TouchedRows:
 
     current: list[dict]  # ROW_COLUMNS: the new rows and the stored rows still there
     prior: dict[str, dict]  # ASSIGNMENT_COLUMNS by id: the stored rows involved
+    stored_read: int = 0  # rows the filtered reads took out of the dedup table
 
 
 def touched_rows(spark: SparkSession, path: str, table, cfg: DedupConfig, *,
@@ -237,14 +333,15 @@ def touched_rows(spark: SparkSession, path: str, table, cfg: DedupConfig, *,
     if changes is None:
         return None
     added_ids = {r["sample_id"] for r in changes.added}
-    prior = stored_rows(spark, table, cfg, changes.added, added_ids | changes.deleted)
+    stored = stored_lookup(spark, table, cfg, changes.added, added_ids | changes.deleted)
+    prior = stored.rows
     if len(prior) > 4 * limit:
         return None
-    stored = sorted(set(prior) - changes.deleted - added_ids)
-    current = changes.added + curated_rows(spark, path, changes.dataset, version, stored,
+    kept = sorted(set(prior) - changes.deleted - added_ids)
+    current = changes.added + curated_rows(spark, path, changes.dataset, version, kept,
                                            scan_rows)
-    if len(current) != len(changes.added) + len(stored):
+    if len(current) != len(changes.added) + len(kept):
         log.info("dedup: the stored rows do not match curated version %d: planning in Spark",
                  covered)
         return None
-    return TouchedRows(current, prior)
+    return TouchedRows(current, prior, stored.read)

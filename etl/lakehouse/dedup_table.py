@@ -106,6 +106,9 @@ class DedupResult:
     counts: tuple[SourceDedup, ...] = field(default_factory=tuple)
     # Up to date, decided from the table's properties alone (no table read).
     from_metadata: bool = False
+    # An increment planned in the driver: the stored rows its filtered reads took out of
+    # the dedup table (follows the new rows' LSH keys and ids, not the table's size).
+    stored_read: int | None = None
 
 
 @dataclass(frozen=True)
@@ -156,12 +159,30 @@ class DedupTable:
         """Every assignment (ASSIGNMENT_COLUMNS)."""
         return self.spark.read.format("delta").load(self.path).select(*ASSIGNMENT_COLUMNS)
 
-    def read_local(self):
-        """Every assignment as an Arrow table read by delta-rs in this process (no Spark
-        job), while the table's log says it holds at most ``driver.scan_rows`` rows; None
-        otherwise."""
-        return read_columns(self.path, list(ASSIGNMENT_COLUMNS),
-                            bound=self.cfg.driver.scan_rows)
+    def scan_local(self):
+        """The table's files as a pyarrow dataset opened by delta-rs in this process (no
+        Spark job), for filtered reads that materialise only matching rows, while the
+        table's log says it holds at most ``driver.scan_rows`` rows; None otherwise (or
+        when delta-rs cannot read it)."""
+        from deltalake.exceptions import DeltaError
+
+        from etl.writers.remote import subtree
+
+        try:
+            table = storage.delta_rs_table(self.path)
+            if table is None:
+                return None
+            actions = table.get_add_actions(flatten=True)
+            if "num_records" not in actions.schema.names:
+                return None
+            counts = actions.column("num_records").to_pylist()
+            if any(n is None for n in counts) or sum(counts) > self.cfg.driver.scan_rows:
+                return None
+            return table.to_pyarrow_dataset(filesystem=subtree(storage.object_url(self.path)))
+        except DeltaError as exc:
+            if storage.delta_rs_unsupported(exc):
+                return None
+            raise
 
     def version(self) -> int | None:
         """The table's latest Delta version; None when dedup never ran."""
@@ -276,6 +297,64 @@ class DedupTable:
                 return self.spark.createDataFrame([(i,) for i in ids],
                                                   "sample_id string"), ids
         return self.read().where("NOT is_canonical").select("sample_id"), None
+
+    def canonical_changes(self, since: int) -> tuple[dict[str, bool], dict[str, bool]] | None:
+        """``is_canonical`` by id of every row in a file added since Delta version
+        `since` (now) and in every file removed since (then), read by delta-rs from those
+        files alone: a row whose status changed, that arrived or that left is in one or
+        both. None when that cannot be told from the files (`since` no longer readable,
+        its files vacuumed, deletion vectors, a table delta-rs cannot read)."""
+        import pyarrow.parquet as pq
+        from deltalake import DeltaTable
+        from deltalake.exceptions import DeltaError
+
+        from etl.writers.remote import subtree
+
+        try:
+            now = storage.delta_rs_table(self.path)
+            if now is None:
+                return None
+            url, opts = storage.object_url(self.path), storage.delta_rs_storage(self.path)
+            then = DeltaTable(url, version=since, storage_options=opts)
+            files = {}
+            for name, table in (("now", now), ("then", then)):
+                actions = table.get_add_actions(flatten=True)
+                if any(actions.column(n).null_count < actions.num_rows
+                       for n in actions.schema.names if n.startswith("deletionVector")):
+                    return None  # rows deleted in place: not told by the files
+                files[name] = set(actions.column("path").to_pylist())
+            fs = subtree(url)
+            new, old = files["now"], files["then"]
+
+            def status(paths: set[str]) -> dict[str, bool]:
+                out: dict[str, bool] = {}
+                for rel in sorted(paths):
+                    t = pq.read_table(rel, columns=["sample_id", "is_canonical"],
+                                      filesystem=fs)
+                    out.update(zip(t.column(0).to_pylist(), t.column(1).to_pylist(),
+                                   strict=True))
+                return out
+
+            return status(new - old), status(old - new)
+        except (DeltaError, OSError) as exc:
+            log.info("dedup: changes since version %d unreadable (%s)", since, exc)
+            return None
+
+    def canonical_of(self, ids: list[str]) -> dict[str, bool] | None:
+        """``is_canonical`` of `ids` (absent: not in the table), by a delta-rs scan
+        filtered on them; None beyond ``driver.scan_rows`` rows."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        if not ids:
+            return {}
+        table = self.scan_local()
+        if table is None:
+            return None
+        wanted = pa.array(sorted(ids), pa.string())
+        rows = dedup_increment.scan_rows(table, ["sample_id", "is_canonical"],
+                                         lambda b: pc.is_in(b["sample_id"], wanted))
+        return {r["sample_id"]: r["is_canonical"] for r in rows}
 
     # ------------------------------------------------------------------ the writer
 
@@ -394,7 +473,7 @@ class DedupTable:
             return None
         sc = self.spark.sparkContext
         sc.setJobDescription("lakeshard dedup: rows the increment touches")
-        local = self.read_local()  # the table on the driver, else in Spark
+        local = self.scan_local()  # scanned by the driver, else read in Spark
         try:
             rows = dedup_increment.touched_rows(
                 self.spark, self.curated_path, self.read() if local is None else local,
@@ -417,7 +496,7 @@ class DedupTable:
         return DedupResult(
             self.path, delta_version, "incremental (driver)", version, plan.new_rows,
             plan.pairs, 0, len(plan.changes), len(plan.removed), stats["clusters"],
-            source_counts(stats["by"], self._sources()),
+            source_counts(stats["by"], self._sources()), stored_read=rows.stored_read,
         )
 
     def _driver_first(self, version: int, run_id: str) -> DedupResult | None:

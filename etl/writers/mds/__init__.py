@@ -60,7 +60,10 @@ from etl.writers.mds.commit import (
 )
 from etl.writers.mds.increment import (
     IncrementPlan,
+    exported_of,
     ids_location,
+    part_members,
+    plan_changes,
     plan_increment,
     plan_increment_local,
 )
@@ -85,6 +88,9 @@ __all__ = [
     "DRIVER_WRITE_ROWS",
     "warm_for",
     "plan_increment",
+    "plan_changes",
+    "exported_of",
+    "part_members",
     "IncrementPlan",
     "ids_location",
     "row_fingerprint",
@@ -113,14 +119,18 @@ def warm_for(out_dir: str, rows: int) -> None:
         warm_writer()
 
 
-def export_mds(rows: DataFrame, out_dir: str, settings: ExportSettings) -> ExportResult:
+def export_mds(rows: DataFrame, out_dir: str, settings: ExportSettings,
+               planned: IncrementPlan | None = None) -> ExportResult | None:
     """Write `rows` as an MDS export at `out_dir` with `settings`: every column of
     `rows`, encoded by its Spark type (`image` as pass-through JPEG). The writer
     settings and the lineage make the export key, which names the staging folder (an
     interrupted export resumes) and tells an export in place that is already this one.
     An incremental export writes only what changed (:func:`plan_increment`); rows the
     driver holds (`settings.held`) are planned, and up to :data:`DRIVER_WRITE_ROWS`
-    written, here (:func:`etl.writers.mds.task.write_here`)."""
+    written, here (:func:`etl.writers.mds.task.write_here`). `planned`: an increment
+    planned from what changed (:func:`plan_changes`), whose `rows` are these rows, all
+    of them to write; None (write nothing) when the export in place is not the one it
+    was planned on (other writer settings)."""
     s = settings
     _check_rows(rows, s.blobs, s.buckets)
     columns = _mds_columns(rows, s.blobs, s.encodings, s.identity)
@@ -143,7 +153,12 @@ def export_mds(rows: DataFrame, out_dir: str, settings: ExportSettings) -> Expor
         rows = rows.drop(s.identity)
     local = _collect(rows, s.seed, name) if s.held else None
     plan = None
-    if (s.incremental and current is not None
+    if planned is not None:
+        if current is None or current.get("base_key") != key_settings["base_key"]:
+            return None
+        plan = planned
+        plan.rows = rows if local is None else local
+    elif (s.incremental and current is not None
             and current.get("base_key") == key_settings["base_key"]):
         with _job(rows, f"diff {name} with the export in place"):
             plan = (plan_increment(rows, current, out_dir, s.partitions) if local is None

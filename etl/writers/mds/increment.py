@@ -23,7 +23,7 @@ from etl.writers.mds.checksum import PART_IDS
 from etl.writers.remote import S3Store, is_remote
 
 __all__ = ["IncrementPlan", "plan_increment", "plan_increment_local", "ids_location",
-           "REWRITE_SHARE", "MAX_PARTS_FACTOR"]
+           "exported_of", "part_members", "plan_changes", "REWRITE_SHARE", "MAX_PARTS_FACTOR"]
 
 # An incremental export rewrites the whole export instead when it would write more than
 # this share of its rows, or when it would be made of more than this many times the
@@ -48,10 +48,12 @@ class IncrementPlan:
     to_write: int
     incremental: bool  # False: a full rewrite is cheaper or due
     reason: str
+    planned_from: str = "diff"  # "diff" (every row) or "changes" (:func:`plan_changes`)
 
     def summary(self) -> dict:
         return {
             "mode": "incremental" if self.incremental else "rewrite", "reason": self.reason,
+            "planned_from": self.planned_from,
             "added": self.added, "departed": self.departed, "changed": self.changed,
             "rewritten_parts": self.rewritten, "written_samples":
             self.to_write if self.incremental else None,
@@ -132,6 +134,42 @@ def plan_increment_local(rows: pa.Table, current: dict, out_dir: str, partitions
     return plan
 
 
+def exported_of(out_dir: str, current: dict, ids: set[str]) -> pa.Table:
+    """``sample_id, _old_fp, _part`` of those of `ids` the export in place holds: its
+    partitions' :data:`PART_IDS` read on the driver, filtered to `ids` as they are read
+    (the id column is scanned, only the matching rows are kept). Nothing is read for
+    no ids."""
+    old = _exported_ids_local(out_dir, current["parts"], ids) if ids else None
+    return old if old is not None else _IDS_SCHEMA.empty_table()
+
+
+def part_members(out_dir: str, current: dict, parts: list[int]) -> list[str]:
+    """Every id partitions `parts` of the export in place hold."""
+    records = [p for p in current["parts"] if p["partition"] in set(parts)]
+    return _exported_ids_local(out_dir, records)["sample_id"].to_pylist() if records else []
+
+
+def plan_changes(fingerprints: pa.Table, old: pa.Table, departed: set[str], current: dict,
+                 partitions: int) -> IncrementPlan:
+    """:func:`plan_increment` from what changed instead of a diff of every row:
+    `fingerprints` (``sample_id, _fp``) are the rows that changed and are in the
+    selection now, `departed` the ids that left it, `old` what the export in place holds
+    of both (:func:`exported_of`). The same counts, partitions and decision as the diff
+    of every row would give, as nothing else differs; `rows` is left to the caller."""
+    fp = dict(zip(fingerprints["sample_id"].to_pylist(), fingerprints["_fp"].to_pylist(),
+                  strict=True))
+    held = {i: (f, p) for i, f, p in zip(old["sample_id"].to_pylist(),
+                                          old["_old_fp"].to_pylist(),
+                                          old["_part"].to_pylist(), strict=True)}
+    gone = {i for i in departed if i in held and i not in fp}
+    changed = {i for i in fp if i in held and held[i][0] != fp[i]}
+    counts = {"added": sum(1 for i in fp if i not in held), "departed": len(gone),
+              "changed": len(changed)}
+    plan = _plan(counts, {held[i][1] for i in gone | changed}, current, partitions)
+    plan.planned_from = "changes"
+    return plan
+
+
 def _plan(counts: dict[str, int], rewritten: set, current: dict, partitions: int
           ) -> IncrementPlan:
     """The plan from the diff's counts and the partitions that lost or changed a row;
@@ -169,12 +207,18 @@ def _exported_ids(spark: SparkSession, out_dir: str, parts: list[dict]) -> DataF
     )
 
 
-def _exported_ids_local(out_dir: str, parts: list[dict]) -> pa.Table:
+_IDS_SCHEMA = pa.schema([("sample_id", pa.string()), ("_old_fp", pa.int64()),
+                         ("_part", pa.int32())])
+
+
+def _exported_ids_local(out_dir: str, parts: list[dict],
+                        only: set[str] | None = None) -> pa.Table:
     """:func:`_exported_ids` read on the driver: each partition's :data:`PART_IDS`,
-    with the partition id its manifest record names."""
+    with the partition id its manifest record names (`only`: just those ids)."""
     import pyarrow.parquet as pq
 
     store = S3Store(out_dir) if is_remote(out_dir) else None
+    wanted = None if only is None else pa.array(sorted(only), pa.string())
     tables = []
     for p in parts:
         if store is not None:
@@ -185,13 +229,15 @@ def _exported_ids_local(out_dir: str, parts: list[dict]) -> pa.Table:
             ids = pq.read_table(io.BytesIO(data), columns=["sample_id", "_fp"])
         else:
             ids = pq.read_table(ids_location(out_dir, p), columns=["sample_id", "_fp"])
+        sample_ids = ids["sample_id"].cast(pa.string())
+        if wanted is not None:
+            ids = ids.filter(pc.is_in(sample_ids, value_set=wanted))
+            sample_ids = ids["sample_id"].cast(pa.string())
         tables.append(pa.table({
-            "sample_id": ids["sample_id"].cast(pa.string()),
+            "sample_id": sample_ids,
             "_old_fp": ids["_fp"].cast(pa.int64()),
             "_part": pa.array([p["partition"]] * ids.num_rows, pa.int32())}))
-    schema = pa.schema([("sample_id", pa.string()), ("_old_fp", pa.int64()),
-                        ("_part", pa.int32())])
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    return pa.concat_tables(tables) if tables else _IDS_SCHEMA.empty_table()
 
 
 def _diff_counts(rows: DataFrame, old: DataFrame) -> tuple[dict[str, int], set[int]]:
