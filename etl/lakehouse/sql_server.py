@@ -274,6 +274,9 @@ def _connect(endpoint: str, settings: dict[str, str] | None, timeout_s: float):
     transport = thrift_sasl.TSaslClientTransport(
         lambda: hive.get_installed_sasl(host=host, sasl_auth="PLAIN", username="lakeshard",
                                         password="x"), "PLAIN", sock)
+    socket_log = logging.getLogger("thrift.transport.TSocket")  # it logs the failure we
+    level = socket_log.level  # raise, with our message, below: once is enough
+    socket_log.setLevel(logging.CRITICAL)
     try:
         return hive.connect(thrift_transport=transport, username="lakeshard",
                             configuration=settings)
@@ -284,6 +287,8 @@ def _connect(endpoint: str, settings: dict[str, str] | None, timeout_s: float):
             "Spark session of its own") from exc
     except hive_errors.Error as exc:
         raise ConnectionError(f"SQL endpoint {endpoint}: {_server_error(exc)}") from exc
+    finally:
+        socket_log.setLevel(level)
 
 
 def run_statements(endpoint: str, statements: list[str], *,
