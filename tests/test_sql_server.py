@@ -1,9 +1,10 @@
 """`lakeshard sql-server` with real clients: one endpoint per module, started as the CLI
 starts it (a process of its own, on a free loopback port) over a small curated Lance
-table and a Delta rejects table. A Hive JDBC client (lakeshard.sql.Client, hive-jdbc from
-pyspark's JARs) and beeline find the tables by name, run the docs' recipes, and are
-refused writes and attacks with the rule's reason; `lakeshard sql` takes its warm path
-through it; SIGTERM stops it with exit 0 and frees the port. DuckDB reads the same
+table and a Delta rejects table. A Python HiveServer2 client (PyHive, `lakeshard sql`'s
+warm path) and beeline (hive-jdbc from pyspark's JARs) find the tables by name, run the
+docs' recipes, and are refused writes and attacks with the rule's reason; `lakeshard sql`
+takes its warm path through it without importing pyspark; SIGTERM stops it with exit 0
+and frees the port. DuckDB reads the same
 tables without Spark (deltalake -> Arrow for Delta: DuckDB's delta extension is
 downloaded on first use, and this machine has no network)."""
 
@@ -84,8 +85,7 @@ def endpoint(spark, tmp_path_factory):
     assert _listening(port), log.read_text()[-5000:]
     endpoint = f"127.0.0.1:{port}"
     url_line = next(x for x in log.read_text().splitlines() if "listening on" in x)
-    yield {"cfg": make_config(root, sql={"endpoint": endpoint}, catalog=catalog),
-           "endpoint": endpoint,
+    yield {"endpoint": endpoint,
            "proc": proc, "port": port, "conf": conf, "url_line": url_line, "lay": lay,
            "log": log}
     if proc.poll() is None:
@@ -93,7 +93,7 @@ def endpoint(spark, tmp_path_factory):
 
 
 def test_clients_find_tables_run_recipes_and_are_refused(endpoint):
-    cfg, at, lay = endpoint["cfg"], endpoint["endpoint"], endpoint["lay"]
+    at, lay = endpoint["endpoint"], endpoint["lay"]
     assert f"jdbc:hive2://{at}/" in endpoint["url_line"]
     queries = {name: sql.replace("lakeshard-data/delta/rejects", lay.rejects)
                for name, sql in recipes().items() if name not in _SESSION_ONLY}
@@ -103,7 +103,7 @@ def test_clients_find_tables_run_recipes_and_are_refused(endpoint):
                   "SELECT count(*) FROM lakeshard.curated_meta", *queries.values(),
                   *(sql for sql, _ in THRIFT_ATTACKS),
                   f"DELETE FROM delta.`{lay.rejects}`", "SELECT count(*) FROM curated_meta"]
-    results = run_statements(cfg, at, statements)
+    results = run_statements(at, statements)
     assert len(results) == len(statements)
     shown, count, registered, rejects, meta, *rest = results
     assert {"curated", "curated_meta", "curated_versions"} <= {r[1] for r in shown.rows}
@@ -130,9 +130,14 @@ def test_clients_find_tables_run_recipes_and_are_refused(endpoint):
     delete, after = rest[-2:]
     assert "lakeshard: refused: DELETE (DeleteFromTable)" in delete.error
     assert after.rows == ((str(len(ROWS)),),)  # the connection still answers
-    # Settings in the URL (applied by the Thrift server without SET): never opens.
+    # Settings asked for when the session opens (what a Hive JDBC URL's
+    # `?spark.sql.ansi.enabled=false` sends; applied by the Thrift server without SET):
+    # the connection never opens.
     with pytest.raises(ConnectionError, match=r"asked for by the connection \(spark\.sql"):
-        run_statements(cfg, at, ["SELECT 1"], url_suffix="default?spark.sql.ansi.enabled=false")
+        run_statements(at, ["SELECT 1"], settings={"set:hiveconf:spark.sql.ansi.enabled": "false"})
+    # A bare key goes to Hive's own session conf, never to Spark's: ANSI division stays.
+    (ansi,) = run_statements(at, ["SELECT 1/0"], settings={"spark.sql.ansi.enabled": "false"})
+    assert "DIVIDE_BY_ZERO" in ansi.error
 
 
 def test_beeline_and_the_warm_path(endpoint, capsys):
@@ -153,19 +158,56 @@ def test_beeline_and_the_warm_path(endpoint, capsys):
         [(s, str(n)) for s, n in sorted(want.items())], res.stdout + res.stderr[-3000:]
     assert "lakeshard: refused: reflect()" in res.stderr
 
-    # `lakeshard sql` with sql.endpoint: the endpoint answers, no Spark here (warm).
+    # docs/sql.md's PyHive recipe: an open connection, as a notebook without Spark holds one.
+    from pyhive import hive
+
+    host, port = endpoint["endpoint"].rsplit(":", 1)
+    conn = hive.connect(host=host, port=int(port), auth="NONE", username="analyst")
+    try:
+        cur = conn.cursor()
+        started = time.perf_counter()
+        cur.execute("SELECT source, count(*) FROM curated_meta GROUP BY source ORDER BY source")
+        assert cur.fetchall() == sorted(want.items())
+        round_trip = time.perf_counter() - started
+    finally:
+        conn.close()
+
+    # `lakeshard sql` with sql.endpoint, a process of its own as a user runs it: the
+    # endpoint answers over PyHive; no Spark session, no JVM is started here (warm).
     conf = endpoint["conf"]
     warm = conf.with_name("warm.yaml")
     raw = yaml.safe_load(conf.read_text())
     warm.write_text(yaml.safe_dump({**raw, "sql": {"endpoint": endpoint["endpoint"]}}))
-    capsys.readouterr()
     started = time.perf_counter()
-    assert main(["sql", "--conf", str(warm), "SELECT count(*) AS n FROM curated_meta"]) == 0
+    res = _cli("sql", "--conf", str(warm), "SELECT count(*) AS n FROM curated_meta")
     took = time.perf_counter() - started
-    assert re.search(rf"^\|\s*{len(ROWS)}\|$", capsys.readouterr().out, re.M)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert re.search(rf"^\|\s*{len(ROWS)}\|$", res.stdout, re.M), res.stdout
+    assert "no Spark" in res.stdout
+    capsys.readouterr()
     assert main(["sql", "--conf", str(warm), "SELECT * FROM text.`/etc/hostname`"]) == 2
     assert "refused: text.`/etc/hostname`" in capsys.readouterr().err
-    print(f"warm lakeshard sql through the endpoint: {took:.2f} s")
+    # Nothing listening there: a clear message naming sql.endpoint, no traceback.
+    closed = f"127.0.0.1:{_free_port()}"
+    warm.write_text(yaml.safe_dump({**raw, "sql": {"endpoint": closed}}))
+    assert main(["sql", "--conf", str(warm), "SELECT 1"]) == 1
+    err = capsys.readouterr().err
+    assert f"SQL endpoint {closed} (sql.endpoint): cannot connect" in err, err
+    assert "Traceback" not in err
+    with capsys.disabled():
+        print(f"\nwarm: a query on an open PyHive connection {round_trip:.2f} s; "
+              f"lakeshard sql through the endpoint (whole process) {took:.2f} s")
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    """`lakeshard *args` in a fresh Python that then says whether it started Spark (a
+    JVM: py4j's gateway)."""
+    code = ("import sys; from etl.cli import main; rc = main(sys.argv[1:]); "
+            "from pyspark import SparkContext; "  # imported by the CLI's stage registry
+            "print('no Spark' if SparkContext._active_spark_context is None "
+            "and SparkContext._gateway is None else 'Spark started'); sys.exit(rc)")
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
 def test_duckdb_reads_delta_and_lance_without_spark(endpoint):

@@ -131,10 +131,13 @@ def _sql(cfg: Config, opts: SqlOptions, run_id: None) -> int:
 
 def _sql_warm(cfg: Config, opts: SqlOptions) -> int:
     """The statement sent to the running endpoint of `sql.endpoint` (which judges it by
-    the same rule): no Spark started here."""
+    the same rule) over HiveServer2 from Python: no Spark, no JVM started here."""
     from etl.lakehouse.sql_server import run_statements
 
-    (result,) = run_statements(cfg, cfg.sql.endpoint, [opts.query], limit=opts.limit + 1)
+    try:
+        (result,) = run_statements(cfg.sql.endpoint, [opts.query], limit=opts.limit + 1)
+    except ConnectionError as exc:
+        return fail(f"lakeshard sql: {exc}", 1)
     if result.error is not None:
         refused = "lakeshard: refused: " in result.error
         return fail(f"lakeshard sql ({cfg.sql.endpoint}): {result.error}", 2 if refused else 1)

@@ -14,8 +14,9 @@ statement (so one connection's ``USE`` or settings never reach another's).
 The JAR is built once with ``javac`` against pyspark's own JARs into the machine cache
 (keyed by its sources' digest), or taken from ``<spark.jars_dir>/sqlguard/`` where one
 was placed (a cluster without a JDK: build it where there is one, and ship it).
-:func:`run_statements` is the client side: a small Hive JDBC client
-(``lakeshard.sql.Client``, same JAR) run as a subprocess -- ``lakeshard sql``'s warm path.
+:func:`run_statements` is the client side, ``lakeshard sql``'s warm path: a HiveServer2
+client in Python (PyHive over Thrift, SASL PLAIN), so a query starts neither Spark nor a
+JVM in the caller's process.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ import subprocess
 import tempfile
 import threading
 import zipfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from etl.config import Config
 from etl.errors import ConfigError, JarsMissingError
+
+if TYPE_CHECKING:  # the client side (`lakeshard sql`'s warm path) starts no Spark
+    from pyspark.sql import SparkSession
 
 __all__ = [
     "GUARD_SOURCES", "guard_jar", "build_guard_jar", "endpoint_conf", "start_endpoint",
@@ -234,60 +237,87 @@ class StatementResult:
     error: str | None = None
 
 
-def _unescape(field: str) -> str | None:
-    if field == "\\N":
+def _text(value: object) -> str | None:
+    """A value as the Hive JDBC driver's ``getString`` writes it: None for NULL,
+    ``true``/``false``, text for bytes (complex types already arrive as JSON text)."""
+    if value is None:
         return None
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 1 < len(field):
-            out.append({"t": "\t", "n": "\n", "\\": "\\"}.get(field[i + 1], field[i + 1]))
-            i += 2
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
 
 
-def _parse_output(text: str) -> list[StatementResult]:
-    results, lines, i = [], text.split("\n"), 0
-    while i < len(lines):
-        line = lines[i]
-        i += 1
-        if line.startswith("ERROR "):
-            results.append(StatementResult(error=_unescape(line[6:])))
-        elif line == "OK" or line.startswith("OK "):
-            columns = tuple(_unescape(c) for c in line[3:].split("\t")) if line[3:] else ()
-            rows = []
-            while not lines[i].startswith("END "):
-                rows.append(tuple(_unescape(f) for f in lines[i].split("\t")))
-                i += 1
-            i += 1
-            results.append(StatementResult(columns, tuple(rows)))
-    return results
+def _server_error(exc: Exception) -> str:
+    """The server's message in a PyHive error (its argument is the Thrift response:
+    ``status.errorMessage``, or ``errorMessage`` for an operation's status)."""
+    response = exc.args[0] if exc.args else None
+    status = getattr(response, "status", None)
+    text = getattr(status, "errorMessage", None) or getattr(response, "errorMessage", None)
+    return _message(text or str(exc))
 
 
-def run_statements(cfg: Config, endpoint: str, statements: list[str], *,
-                   limit: int | None = None, url_suffix: str = "",
-                   timeout_s: float = 600) -> list[StatementResult]:
-    """Run `statements` over one JDBC connection to `endpoint` (``host:port``; the
-    URL's database and settings: `url_suffix`) with ``lakeshard.sql.Client`` (a JVM of
-    its own: no Spark in this process)."""
-    java = Path(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") \
-        else shutil.which("java")
-    if java is None:
-        raise JarsMissingError("java not found: the endpoint's client is Java (hive-jdbc)")
-    jar = guard_jar(cfg)
+def _connect(endpoint: str, settings: dict[str, str] | None, timeout_s: float):
+    """A PyHive connection to `endpoint` (SASL PLAIN, the Thrift server's default
+    ``hive.server2.authentication=NONE``) with a socket timeout; a server that is not
+    there, or that refuses the session, raises :class:`ConnectionError`."""
+    import thrift_sasl
+    from pyhive import exc as hive_errors
+    from pyhive import hive
+    from thrift.transport.TSocket import TSocket
+    from thrift.transport.TTransport import TTransportException
+
     host, _, port = endpoint.rpartition(":")
-    cmd = [str(java), "-XX:TieredStopAtLevel=1", "-Xshare:auto", "-cp",
-           f"{jar}{os.pathsep}{_pyspark_jars() / '*'}", "lakeshard.sql.Client",
-           jdbc_url(host, int(port)) + url_suffix, str(limit or 2**31 - 1)]
-    text = "".join(s.strip().replace("\\", "\\\\").replace("\n", "\\n") + "\n"
-                   for s in statements)
-    res = subprocess.run(cmd, input=text, capture_output=True, text=True, timeout=timeout_s)
-    if res.returncode != 0:
-        raise ConnectionError(f"SQL endpoint {endpoint}: {_message(res.stderr)}")
-    return [replace(r, error=_message(r.error)) if r.error else r
-            for r in _parse_output(res.stdout)]
+    sock = TSocket(host, int(port))
+    sock.setTimeout(timeout_s * 1000)
+    transport = thrift_sasl.TSaslClientTransport(
+        lambda: hive.get_installed_sasl(host=host, sasl_auth="PLAIN", username="lakeshard",
+                                        password="x"), "PLAIN", sock)
+    socket_log = logging.getLogger("thrift.transport.TSocket")  # it logs the failure we
+    level = socket_log.level  # raise, with our message, below: once is enough
+    socket_log.setLevel(logging.CRITICAL)
+    try:
+        return hive.connect(thrift_transport=transport, username="lakeshard",
+                            configuration=settings)
+    except (TTransportException, OSError) as exc:
+        raise ConnectionError(
+            f"SQL endpoint {endpoint} (sql.endpoint): cannot connect ({exc}); start one "
+            "with `lakeshard sql-server`, or remove sql.endpoint to run the query in a "
+            "Spark session of its own") from exc
+    except hive_errors.Error as exc:
+        raise ConnectionError(f"SQL endpoint {endpoint}: {_server_error(exc)}") from exc
+    finally:
+        socket_log.setLevel(level)
+
+
+def run_statements(endpoint: str, statements: list[str], *,
+                   limit: int | None = None, settings: dict[str, str] | None = None,
+                   timeout_s: float = 600) -> list[StatementResult]:
+    """Run `statements` over one HiveServer2 connection to `endpoint` (``host:port``;
+    session `settings` as a Hive JDBC URL's ``?key=value`` sends them, which the endpoint
+    refuses) with PyHive: pure Python, no JVM in this process. At most `limit` rows of
+    each answer are fetched."""
+    from pyhive import exc as hive_errors
+
+    results = []
+    conn = _connect(endpoint, settings, timeout_s)
+    try:
+        for statement in statements:
+            cursor = conn.cursor(arraysize=min(limit or 10_000, 10_000))
+            try:
+                cursor.execute(statement.strip())
+                columns = tuple(d[0] for d in cursor.description or ())
+                rows = cursor.fetchmany(limit) if limit is not None else cursor.fetchall()
+                results.append(StatementResult(
+                    columns, tuple(tuple(_text(v) for v in r) for r in rows)))
+            except hive_errors.Error as exc:
+                results.append(StatementResult(error=_server_error(exc)))
+            finally:
+                cursor.close()
+    finally:
+        conn.close()
+    return results
 
 
 def _message(error: str) -> str:
