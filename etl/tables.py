@@ -155,6 +155,12 @@ class Layout:
         return _join(self.meta_dir, "catalog.json")
 
     @property
+    def table_containers(self) -> str:
+        """The table files curate last read in full, and their size and mtime
+        (:mod:`etl.lakehouse.curate_state`)."""
+        return _join(self.meta_dir, "table_containers.json")
+
+    @property
     def curated_meta_memo(self) -> str:
         """The Lance version and fragments curated_meta last mirrored
         (:mod:`etl.lakehouse.curated_meta`)."""

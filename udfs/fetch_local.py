@@ -41,6 +41,20 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def open_regular(path: str):
+    """A local file opened for reading without blocking on a FIFO, refused (OSError)
+    unless it is a regular file: a config path, a file a listing found, a table file
+    read again where its rows are prepared."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{os.path.basename(path)!r} is not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_local(path: str, rng: tuple[int, int] | None, max_bytes: int, timeout_s: float,
                follow_symlinks: bool = True):
     """The bytes of a local file (or a byte range of it) as a FetchResult; never raises

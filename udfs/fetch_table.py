@@ -19,8 +19,6 @@ next run to read it again.
 from __future__ import annotations
 
 import bisect
-import os
-import stat
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -31,6 +29,7 @@ import pyarrow as pa
 
 from etl.config import FetchConfig
 from udfs.fetch_http import FetchResult
+from udfs.fetch_local import open_regular
 
 __all__ = ["KEEP_GROUPS", "read_table_row"]
 
@@ -70,15 +69,7 @@ def _open(uri: str):
     """A table file for reading: a local one (``file:`` + the path, as listed) refused
     unless it is a regular file; any other through fsspec."""
     if uri.startswith("file:"):
-        fd = os.open(uri[len("file:"):], os.O_RDONLY | os.O_NONBLOCK |
-                     getattr(os, "O_CLOEXEC", 0))
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError(f"{uri.rsplit('/', 1)[-1]!r} is not a regular file")
-            return os.fdopen(fd, "rb")
-        except BaseException:
-            os.close(fd)
-            raise
+        return open_regular(uri[len("file:"):])
     import fsspec
 
     return fsspec.open(uri, "rb").open()

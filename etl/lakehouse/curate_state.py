@@ -80,7 +80,7 @@ class CurateState:
     def of(cls, paths: Layout) -> CurateState:
         return cls(DerivedState(paths.source_versions, "source_versions"),
                    DerivedState(paths.curate_quiet, "curate_quiet"),
-                   DerivedState(paths.meta_dir.rstrip("/") + "/table_containers.json",
+                   DerivedState(paths.table_containers,
                                 "table_containers"))
 
     def table_containers(self, manifest_version: int | None) -> ContainerMemo:

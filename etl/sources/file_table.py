@@ -39,7 +39,6 @@ import io
 import json
 import os
 import posixpath
-import stat
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -61,6 +60,7 @@ from etl.sources.records import (
     parse_json,
     raw_row,
 )
+from udfs.fetch_local import open_regular
 
 __all__ = ["TableSource", "map_table_rows", "TABLE_MAPPABLE", "RowLimits", "MAX_LINE_BYTES"]
 
@@ -247,7 +247,7 @@ def _peek_columns(path: str, fmt: str) -> list[str] | None:
     """The columns of a local table file, read on the driver to check the mapping;
     None when the file cannot say (it becomes a reject at read time, not an error)."""
     try:
-        with _open_regular(path) as fh:
+        with open_regular(path) as fh:
             if fmt == "parquet":
                 import pyarrow.parquet as pq
 
@@ -263,19 +263,6 @@ def _peek_columns(path: str, fmt: str) -> list[str] | None:
             return list(names)
     except (OSError, ValueError, pa.ArrowException, csv.Error):
         return None
-
-
-def _open_regular(path: str):
-    """A local file opened for reading without blocking on a FIFO and refused unless
-    it is a regular file (a config path, or a file a listing found)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(f"{os.path.basename(path)!r} is not a regular file")
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
 
 
 def _lines(fh) -> Iterator[bytes | RecordError]:
@@ -301,7 +288,7 @@ def _local(uri: str) -> str:
 
 def _open(uri: str, mode: str = "rb"):
     if uri.startswith("file:"):
-        return _open_regular(_local(uri))
+        return open_regular(_local(uri))
     import fsspec
 
     return fsspec.open(uri, mode).open()
