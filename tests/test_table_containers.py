@@ -19,6 +19,7 @@ from support import make_config, photo
 
 from etl import tables
 from etl.jobs.curate import curate
+from etl.lakehouse import source_diff
 from etl.lakehouse.curate_state import CurateState
 from etl.sources import adapter_for, file_table, finish_ingest
 
@@ -38,9 +39,17 @@ def _manifest(spark, cfg) -> dict[str, tuple[str, str | None]]:
     return {r.source_key: (r.status, r.reason) for r in rows}
 
 
+@pytest.mark.parametrize("scan_rows", [None, 0], ids=["manifest-rows-here", "spark-join"])
 def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
-        spark, tmp_path, monkeypatch):
+        spark, tmp_path, monkeypatch, scan_rows):
+    """Twice: the opened files' listing compared with the manifest's rows read by
+    delta-rs (the default), and by Spark's join with its snapshot (``driver.scan_rows:
+    0``); the expectations are the same."""
     monkeypatch.setattr(file_table, "DRIVER_READ_BYTES", -1)  # listed in Spark's tasks
+    here = []  # per comparison: whether the driver answered it
+    compared_here = source_diff._compared_here
+    monkeypatch.setattr(source_diff, "_compared_here", lambda *a, **k: here.append(
+        compared_here(*a, **k)) or here[-1])
     folder = tmp_path / "table"
     folder.mkdir()
     _write(folder / "a.parquet", [0, 1, 2])
@@ -48,7 +57,8 @@ def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
     _write(folder / "c.parquet", [6, 7])
     cfg = make_config(tmp_path / "root", [{
         "name": "t", "kind": "table", "path": str(folder),
-        "columns": {"key": "id", "image": "image", "caption": "caption"}}])
+        "columns": {"key": "id", "image": "image", "caption": "caption"}}],
+        **({} if scan_rows is None else {"driver": {"scan_rows": scan_rows}}))
 
     # The listing names each image by file and row; it carries no bytes.
     src = cfg.source("t")
@@ -79,6 +89,7 @@ def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
     _write(folder / "d.parquet", [8, 9])
 
     (second,) = curate(spark, cfg, "night-2").counts
+    assert [d is not None for d in here] == ([True] if scan_rows is None else [])
     assert second.reasons.get("unreadable_file", 0) == 0
     assert (second.seen, second.accepted, second.unchanged) == (2, 2, 5)
     assert second.removed == {"source_removed": 3}
@@ -94,6 +105,17 @@ def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
     assert set(memo.table_containers(version)["t"]) == {
         f"file:{folder}/{n}.parquet" for n in "abd"}
     assert memo.table_containers(tables_version + 1) == {}
+
+    # k9's last outcome is one the next run retries (a transient failure), as the run
+    # that wrote this manifest version left it: d.parquet is opened again, a.parquet
+    # (garbage) still is not.
+    spark.sql(f"UPDATE delta.`{tables.layout(cfg).manifest}` SET status = 'rejected', "
+              "stage = 'fetch', reason = 'timeout' WHERE source_key = 'k9'")
+    memo.remember_containers(_manifest_version(spark, cfg), memo.table_containers(version))
+    (third,) = curate(spark, cfg, "night-3").counts
+    assert (third.seen, third.accepted, third.unchanged) == (1, 1, 6)
+    assert third.removed == {}
+    assert _manifest(spark, cfg)["k9"] == ("accepted", None)
 
 
 def _manifest_version(spark, cfg) -> int:

@@ -34,10 +34,11 @@ from pyspark.sql import functions as F
 
 from etl import storage, tables
 from etl.config import Config
-from etl.config.bounds import DRIVER_IDS
+from etl.config.bounds import DRIVER_IDS, DRIVER_SCAN_ROWS
 from etl.lakehouse.counts import MANIFEST_COLUMNS, delta_counts
 from etl.lakehouse.curate_state import CurateState
 from etl.lakehouse.indexes import ensure_scalar_indexes
+from etl.lakehouse.manifest_rows import ManifestRows
 from etl.lakehouse.source_diff import Diff, compare
 from etl.runtime.local import local_arrow
 from etl.schema import REMOVED
@@ -91,6 +92,15 @@ class Manifest(_DeltaTable):
     """One row per source record: accepted, rejected (stage, reason) or removed."""
 
     counts_cache: str = ""  # where its per-file counts are kept (etl.lakehouse.counts)
+    scan_rows: int = DRIVER_SCAN_ROWS  # rows whose narrow columns the driver may read
+
+    def rows(self) -> ManifestRows | None:
+        """Its narrow rows read by delta-rs, for a comparison on the driver of what the
+        sources' changed containers list (:class:`ManifestRows`); None when there is no
+        manifest, or more than :attr:`scan_rows` rows."""
+        if not self.exists():
+            return None
+        return ManifestRows.read(self.path, self.scan_rows)
 
     def snapshot(self) -> DataFrame | None:
         """The manifest as this run read it, materialised before the run merges into it."""
@@ -298,7 +308,8 @@ class Catalog:
     @classmethod
     def of(cls, spark: SparkSession, cfg: Config) -> Catalog:
         paths, ids = tables.layout(cfg), cfg.driver.ids
-        return cls(Manifest(spark, paths.manifest, ids, paths.counts_cache("manifest")),
+        return cls(Manifest(spark, paths.manifest, ids, paths.counts_cache("manifest"),
+                            cfg.driver.scan_rows),
                    Rejects(spark, paths.rejects, ids), Accounting(spark, paths.accounting, ids),
                    Takedowns(spark, paths.takedowns, ids),
                    Curated(cfg, paths.curated))

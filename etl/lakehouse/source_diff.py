@@ -41,6 +41,7 @@ from pyspark.sql import types as T
 
 from etl.config import Config, SourceConfig
 from etl.lakehouse.curate_state import ContainerMemo, CurateState, version_key
+from etl.lakehouse.manifest_rows import ManifestRows
 from etl.runtime.warm import start_python_workers
 from etl.schema import REMOVED, SOURCE_SCHEMA, sample_id_col, sample_id_of
 from etl.sources import adapter_for, finish_ingest, finish_ingest_arrow
@@ -69,6 +70,7 @@ class _ManifestReads(Protocol):
     def container_groups(self, manifest: DataFrame, source: str) -> list: ...
     def retried_containers(self, manifest: DataFrame, source: str) -> frozenset[str]: ...
     def version(self) -> int | None: ...
+    def rows(self) -> ManifestRows | None: ...
 
 
 @dataclass
@@ -164,13 +166,21 @@ def _source_versions(spark: SparkSession, cfg: Config) -> dict[str, int | None]:
 
 def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
               state: CurateState) -> Diff:
-    before = manifest.snapshot()  # read before it is merged into
     versions = _source_versions(spark, cfg)
-    memo = (state.table_containers(manifest.version()) if before is not None else {})
-    skip, skipped, current = _skipped_containers(cfg, manifest, before, memo)
-    listed = mark_unchanged(list_sources(spark, cfg, skip, versions), before).persist(
-        StorageLevel.MEMORY_AND_DISK
-    )
+    rows = (manifest.rows() if all(v is None for v in versions.values()) else None)
+    before = manifest.snapshot() if rows is None else None  # read before it is merged into
+    reads = rows if rows is not None else (
+        None if before is None else _Snapshot(manifest, before))
+    memo = state.table_containers(manifest.version()) if reads is not None else {}
+    skip, skipped, current = _skipped_containers(cfg, reads, memo)
+    listing = list_sources(spark, cfg, skip, versions)
+    if rows is not None:
+        here = _compared_here(spark, cfg, rows, listing, skip, skipped, current, memo)
+        if here is not None:
+            here.versions.update(versions)
+            return here
+        before = manifest.snapshot()  # too many listed for the driver: Spark's join
+    listed = mark_unchanged(listing, before).persist(StorageLevel.MEMORY_AND_DISK)
     stats = {
         r["source"]: r.asDict() for r in listed.groupBy("source").agg(
             F.count(F.lit(1)).alias("n"),
@@ -190,8 +200,26 @@ def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
                 containers=_read_containers(listed, current, memo, skip) if current else None)
 
 
-def _skipped_containers(cfg: Config, manifest: _ManifestReads, before: DataFrame | None,
-                        memo: ContainerMemo
+@dataclass(frozen=True)
+class _Snapshot:
+    """The container questions of :func:`_skipped_containers`, asked of the manifest's
+    snapshot by Spark (the driver's twin: :class:`ManifestRows`)."""
+    manifest: _ManifestReads
+    before: DataFrame
+
+    def retried_containers(self, source: str) -> frozenset[str]:
+        return self.manifest.retried_containers(self.before, source)
+
+    def container_groups(self, source: str) -> list:
+        return self.manifest.container_groups(self.before, source)
+
+
+class _ContainerReads(Protocol):
+    def retried_containers(self, source: str) -> frozenset[str]: ...
+    def container_groups(self, source: str) -> list: ...
+
+
+def _skipped_containers(cfg: Config, reads: _ContainerReads | None, memo: ContainerMemo
                         ) -> tuple[dict[str, frozenset[str]], dict[str, int],
                                    dict[str, dict[str, str]]]:
     """Per source: unchanged containers (tar shards, table files) and the records they
@@ -207,30 +235,39 @@ def _skipped_containers(cfg: Config, manifest: _ManifestReads, before: DataFrame
         if adapter.remembered_containers:
             current[s.name] = listed
             known = memo.get(s.name)
-            if before is None or not known:
+            if reads is None or not known:
                 continue
-            retried = manifest.retried_containers(before, s.name)
+            retried = reads.retried_containers(s.name)
             skip[s.name] = frozenset(uri for uri, (fp, _) in known.items()
                                      if listed.get(uri) == fp and uri not in retried)
             counts[s.name] = sum(known[uri][1] for uri in skip[s.name])
-        elif before is not None and listed:
-            known_groups = manifest.container_groups(before, s.name)
+        elif reads is not None and listed:
+            known_groups = reads.container_groups(s.name)
             skip[s.name], counts[s.name] = unchanged_containers(listed, known_groups)
     return skip, counts, current
 
 
 def _read_containers(listed: DataFrame, current: dict[str, dict[str, str]],
                      memo: ContainerMemo, skip: dict[str, frozenset[str]]) -> ContainerMemo:
-    """What to remember of the table files after this run: each file read in full (no
-    unreadable part) with its fingerprint as listed and the records it listed, and each
-    file skipped whole as it was remembered."""
+    """What to remember of the table files after this run (:func:`_containers_memo`),
+    the files read counted by Spark."""
     rows = (listed.where(F.col("source").isin(*current))
             .groupBy("source", "source_uri").agg(
                 F.count(F.lit(1)).alias("n"),
                 F.max(F.coalesce(F.col("read_reason").isin(*CONTAINER_FAILURES),
                                  F.lit(False))).alias("failed"))
             .collect())
-    found = {(r["source"], r["source_uri"]): r for r in rows}
+    return _containers_memo({(r["source"], r["source_uri"]): (int(r["n"]), bool(r["failed"]))
+                             for r in rows}, current, memo, skip)
+
+
+def _containers_memo(found: dict[tuple[str, str], tuple[int, bool]],
+                     current: dict[str, dict[str, str]], memo: ContainerMemo,
+                     skip: dict[str, frozenset[str]]) -> ContainerMemo:
+    """What to remember of the table files after this run: each file read in full (no
+    unreadable part) with its fingerprint as listed and the records it listed, and each
+    file skipped whole as it was remembered. `found`: per (source, file) read, the records
+    listed and whether a part of it was unreadable."""
     out: ContainerMemo = {}
     for name, files in current.items():
         kept = skip.get(name, frozenset())
@@ -239,9 +276,9 @@ def _read_containers(listed: DataFrame, current: dict[str, dict[str, str]],
             if uri in kept:
                 mine[uri] = memo[name][uri]
                 continue
-            row = found.get((name, uri))
-            if row is None or not row["failed"]:
-                mine[uri] = (fp, 0 if row is None else int(row["n"]))
+            n, failed = found.get((name, uri), (0, False))
+            if not failed:
+                mine[uri] = (fp, n)
     return out
 
 
@@ -254,23 +291,13 @@ def _find_removals(spark: SparkSession, cfg: Config, state: CurateState, manifes
     previous = None
     full, parts, scans = [], [], {}
     for s in cfg.sources:
-        if s.on_removed == "keep":
-            scans[s.name] = "kept"
-            continue
-        st = stats.get(s.name, {})
-        if st.get("failures"):
-            scans[s.name] = (f"deferred: {st['failures']} record(s) of unreadable "
-                             "files/shards")
-            log.warning("curate: source %s: removals deferred, %s", s.name, scans[s.name])
-            continue
         version = versions.get(s.name)
+        why = _deferral(s, stats.get(s.name, {}), skipped, lambda name=s.name, v=version: (
+            v is None and not live(manifest).where(F.col("source") == name).isEmpty()))
+        if why is not None:
+            scans[s.name] = why
+            continue
         if version is None:
-            if not st.get("n") and not skipped.get(s.name) and not live(manifest).where(
-                    F.col("source") == s.name).isEmpty():
-                # An empty listing is far likelier an unmounted volume than a wipe.
-                scans[s.name] = "deferred: the source lists no record at all"
-                log.warning("curate: source %s lists nothing: removals deferred", s.name)
-                continue
             full.append(s.name)
             scans[s.name] = "listing"
             continue
@@ -290,6 +317,71 @@ def _find_removals(spark: SparkSession, cfg: Config, state: CurateState, manifes
                                      candidates=candidates))
     parts.append(removed_records(manifest, listed, sources=full, skipped=skip))
     return reduce(DataFrame.unionByName, parts), scans
+
+
+# -- The driver: the containers opened compared with the manifest's narrow rows -----
+
+# The listing's columns the comparison on the driver reads.
+_NARROW = ["sample_id", "source", "source_uri", "fingerprint", "read_reason"]
+
+
+def _compared_here(spark: SparkSession, cfg: Config, rows: ManifestRows, listing: DataFrame,
+                   skip: dict[str, frozenset[str]], skipped: dict[str, int],
+                   current: dict[str, dict[str, str]], memo: ContainerMemo) -> Diff | None:
+    """What Spark's join would answer, from the manifest's narrow rows read by delta-rs
+    (`rows`) and the listing of the containers opened tonight, collected when it holds
+    at most ``driver.ids`` records (a night that opened the few files that changed); None
+    when it holds more. The listing marked ``unchanged`` is still Spark's rule
+    (:func:`mark_unchanged`), joined with the manifest rows of the keys it lists."""
+    narrow = listing.select(*_NARROW).limit(cfg.driver.ids + 1).toArrow()
+    if narrow.num_rows > cfg.driver.ids:
+        return None
+    col = {name: narrow.column(name).to_pylist() for name in _NARROW}
+    known = rows.known_of(col["sample_id"])
+    by_id, _ = _known_ids(known)
+    stats: dict[str, dict] = {}
+    found: dict[tuple[str, str], tuple[int, bool]] = {}
+    for sid, name, uri, fp, reason in zip(*col.values(), strict=True):
+        fp_known, retry = by_id.get(sid, (None, True))
+        failed = reason in CONTAINER_FAILURES
+        st = stats.setdefault(name, {"source": name, "n": 0, "unchanged": 0, "failures": 0})
+        st["n"] += 1
+        st["unchanged"] += not retry and fp_known == fp
+        st["failures"] += failed
+        n, bad = found.get((name, uri), (0, False))
+        found[(name, uri)] = (n + 1, bad or failed)
+    listed_ids = frozenset(col["sample_id"])
+    gone, scans = [], {}
+    for s in cfg.sources:
+        st = stats.get(s.name, {})
+        why = _deferral(s, st, skipped, lambda name=s.name: rows.holds_live(name))
+        scans[s.name] = why or "listing"
+        if why is None:
+            gone += [(sid, s.name, status) for sid, status in
+                     rows.removed(s.name, skip.get(s.name, frozenset()), listed_ids)]
+    before = spark.createDataFrame(known) if known.num_rows else None
+    listed = mark_unchanged(listing, before).persist(StorageLevel.MEMORY_AND_DISK)
+    return Diff(None, {}, listed, stats, Removals(_removed_frame(spark, gone), scans),
+                has_manifest=True, skipped=skipped,
+                containers=_containers_memo(found, current, memo, skip) if current else None)
+
+
+def _deferral(source: SourceConfig, st: dict, skipped: dict[str, int], holds_live
+              ) -> str | None:
+    """Why a source's removals are not looked for tonight, or None: kept by its
+    configuration, deferred while part of it was unreadable, or deferred when it lists
+    nothing at all (far likelier an unmounted volume than a wipe) and the manifest still
+    holds records of it (`holds_live()`, asked last)."""
+    if source.on_removed == "keep":
+        return "kept"
+    if st.get("failures"):
+        why = f"deferred: {st['failures']} record(s) of unreadable files/shards"
+        log.warning("curate: source %s: removals deferred, %s", source.name, why)
+        return why
+    if not st.get("n") and not skipped.get(source.name) and holds_live():
+        log.warning("curate: source %s lists nothing: removals deferred", source.name)
+        return "deferred: the source lists no record at all"
+    return None
 
 
 # -- The driver: a folder's listing against the manifest's key columns ---------------
@@ -319,7 +411,8 @@ def _folder_listing(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
         if ids:  # as the Spark path's counts by source: a source listing nothing has none
             stats[s.name] = {"source": s.name, "n": len(ids),
                              "unchanged": len(ids) - len(changed[s.name]), "failures": 0}
-        scans[s.name], left = _listing_removals(s, live_ids.get(s.name, {}), ids)
+        scans[s.name], left = _listing_removals(s, stats.get(s.name, {}),
+                                                live_ids.get(s.name, {}), ids)
         gone += [(sid, s.name, status) for sid, status in left]
     # A few new or changed records: read, fetched and prepared on the driver.
     small = _small_night(spark, sum(map(len, changed.values())), prepare_rows)
@@ -387,13 +480,8 @@ def _table_removals(spark: SparkSession, cfg: Config, stats: dict[str, dict],
     files."""
     gone, scans = [], {}
     for s in cfg.sources:
-        failures = stats.get(s.name, {}).get("failures")
-        if failures and s.on_removed != "keep":
-            scans[s.name] = f"deferred: {failures} record(s) of unreadable files/shards"
-            log.warning("curate: source %s: removals deferred, %s", s.name, scans[s.name])
-            continue
-        scans[s.name], left = _listing_removals(s, live_ids.get(s.name, {}),
-                                                ids.get(s.name, {}))
+        scans[s.name], left = _listing_removals(s, stats.get(s.name, {}),
+                                                live_ids.get(s.name, {}), ids.get(s.name, {}))
         gone += [(sid, s.name, status) for sid, status in left]
     return Removals(_removed_frame(spark, gone), scans)
 
@@ -451,15 +539,14 @@ def _occurrences(col: dict[str, list]) -> list[int]:
     return out
 
 
-def _listing_removals(source: SourceConfig, live: dict[str, str], ids: dict[str, str]
-                      ) -> tuple[str, list[tuple[str, str]]]:
-    """How a driver-listed source's removals were looked for, and the records of it the
-    manifest holds (accepted or rejected) that the listing no longer has."""
-    if source.on_removed == "keep":
-        return "kept", []
-    if not ids and live:
-        # An empty listing is far likelier an unmounted volume than a wipe.
-        log.warning("curate: source %s lists nothing: removals deferred", source.name)
-        return "deferred: the source lists no record at all", []
+def _listing_removals(source: SourceConfig, st: dict, live: dict[str, str],
+                      ids: dict[str, str]) -> tuple[str, list[tuple[str, str]]]:
+    """How a source listed in this process had its removals looked for (`st`: its
+    counts), and the records of it the manifest holds (accepted or rejected) that the
+    listing no longer has."""
+    why = _deferral(source, st, {}, lambda: bool(live))
+    if why is not None:
+        return why, []
     listed = set(ids.values())
-    return "listing", sorted((sid, st) for sid, st in live.items() if sid not in listed)
+    return "listing", sorted((sid, status) for sid, status in live.items()
+                          if sid not in listed)

@@ -33,6 +33,7 @@ from udfs.outcomes import INTERNAL_ERROR
 
 __all__ = [
     "CONTAINER_FAILURES",
+    "RETRIED_REASONS",
     "TAKEN_DOWN",
     "unchanged_containers",
     "retried",
@@ -83,11 +84,11 @@ def unchanged_containers(listed: Mapping[str, str], known: Sequence[Mapping]
     return skip, sum(k["count"] for k in same if k["source_uri"] in skip)
 
 
-_RETRIED = (*TRANSIENT_STATUSES, INTERNAL_ERROR)  # rejects the next run tries again
+RETRIED_REASONS = (*TRANSIENT_STATUSES, INTERNAL_ERROR)  # rejects the next run tries again
 
 
 def _is_retry(manifest_status: Column, reason: Column) -> Column:
-    retried = reason.isin(*_RETRIED)
+    retried = reason.isin(*RETRIED_REASONS)
     return (manifest_status == "rejected") & retried | reason.startswith("http_5")
 
 
@@ -98,14 +99,14 @@ def retry_column() -> Column:
 
 def is_retry(status: str | None, reason: str | None) -> bool:
     """:func:`_is_retry` for one manifest row on the driver: its record is retried."""
-    return (status == "rejected" and reason in _RETRIED) or \
+    return (status == "rejected" and reason in RETRIED_REASONS) or \
         (reason is not None and reason.startswith("http_5"))
 
 
 def retried(reason: str | None) -> bool:
     """Whether a record that failed for `reason` is tried again by the next run (the
     rule of :func:`_is_retry`, for a reason collected on the driver)."""
-    return reason is not None and (reason in _RETRIED or reason.startswith("http_5"))
+    return reason is not None and (reason in RETRIED_REASONS or reason.startswith("http_5"))
 
 
 def known_fingerprint() -> Column:
