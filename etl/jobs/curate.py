@@ -379,7 +379,7 @@ def _record_bronze(cat: Catalog, diff: Diff, prep: _Prepared, run_id: str,
     rejects = rejected_rows(rows, run_id=run_id)
     manifest = manifest_rows(rows, run_id=run_id, ingested_at=now)
     cat.rejects.merge(rejects, count=prep.processed - prep.accepted)
-    cat.manifest.merge(manifest, count=prep.processed, before=diff.manifest)
+    cat.manifest.merge(manifest, count=prep.processed, before=diff.manifest, held=diff.held)
 
 
 def _apply_removals(spark: SparkSession, cfg: Config, removals: Removals, run_id: str,

@@ -169,12 +169,13 @@ class Manifest(_DeltaTable):
         return frozenset(r[0] for r in rows.select("source_uri").distinct().collect())
 
     def merge(self, rows: DataFrame | pa.Table, *, count: int,
-              before: DataFrame | None) -> None:
+              before: DataFrame | None, held: frozenset[str] | None = None) -> None:
         """Upsert this run's `count` rows (a DataFrame, or an Arrow table built on the
         driver); a small batch none of whose records the table
-        holds (asked of `before`, the snapshot, else of the table by delta-rs) is
-        appended on the driver instead of MERGEd."""
-        merge_manifest(self.spark, rows, self.path, before=before,
+        holds (asked of `before`, the snapshot, or of `held`, the listed ids the
+        comparison found in the manifest, else of the table by delta-rs) is appended on
+        the driver instead of MERGEd."""
+        merge_manifest(self.spark, rows, self.path, before=before, held=held,
                        driver_bound=self.ids if count <= self.ids else 0)
 
     def mark_removed(self, removed: DataFrame, *, run_id: str, now: datetime) -> None:

@@ -104,6 +104,8 @@ class Diff:
     # from the driver, in at most one partition per core (per source)
     containers: ContainerMemo | None = None  # table files read in full or skipped
     # whole (see CurateState.table_containers); None: none remembered from this run
+    held: frozenset[str] | None = None  # the listed ids the manifest holds, when its
+    # rows were read on the driver (ManifestRows); None: not known here
 
     @property
     def unchanged(self) -> dict[str, int]:
@@ -363,7 +365,8 @@ def _compared_here(spark: SparkSession, cfg: Config, rows: ManifestRows, listing
     listed = mark_unchanged(listing, before).persist(StorageLevel.MEMORY_AND_DISK)
     return Diff(None, {}, listed, stats, Removals(_removed_frame(spark, gone), scans),
                 has_manifest=True, skipped=skipped,
-                containers=_containers_memo(found, current, memo, skip) if current else None)
+                containers=_containers_memo(found, current, memo, skip) if current else None,
+                held=frozenset(known.column("sample_id").to_pylist()))
 
 
 def _deferral(source: SourceConfig, st: dict, skipped: dict[str, int], holds_live

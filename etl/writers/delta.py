@@ -201,7 +201,8 @@ def _appended_new(data, path: str, schema: StructType, bound: int) -> bool:
 
 
 def merge_manifest(spark: SparkSession, records, path: str, *,
-                   before: DataFrame | None = None, driver_bound: int = 0) -> None:
+                   before: DataFrame | None = None, driver_bound: int = 0,
+                   held: frozenset[str] | None = None) -> None:
     """Upsert manifest rows (a DataFrame, or an Arrow table built on the driver) on
     sample_id: new records inserted, records that were reprocessed (changed fingerprint,
     transient failure retried, back after a removal) updated. Records not in `records`
@@ -211,12 +212,18 @@ def merge_manifest(spark: SparkSession, records, path: str, *,
     records only, a first run -- is one append by delta-rs in this process, the table a
     MERGE would leave without the MERGE's Spark jobs; otherwise (or for a table delta-rs
     cannot write) the MERGE. Whether it holds any is asked of `before`, the manifest as
-    this run read it (materialised), or else of the table (:func:`holds_none`, within
-    the bound)."""
+    this run read it (materialised), of `held` (the listed ids the manifest holds, when
+    the comparison read its rows on the driver), or else of the table
+    (:func:`holds_none`, within the bound)."""
     from delta.tables import DeltaTable
 
     ensure_table(spark, path, MANIFEST_SCHEMA)
-    if driver_bound and before is not None:
+    if driver_bound and held is not None:
+        data = _as_arrow(records, MANIFEST_SCHEMA)
+        if not data.num_rows or (held.isdisjoint(data.column("sample_id").to_pylist())
+                                 and append_rows(data, path, MANIFEST_SCHEMA)):
+            return
+    elif driver_bound and before is not None:
         data = _as_arrow(records, MANIFEST_SCHEMA)
         ids = spark.createDataFrame([(i,) for i in data.column("sample_id").to_pylist()],
                                     "sample_id string")
