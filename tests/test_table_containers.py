@@ -39,12 +39,15 @@ def _manifest(spark, cfg) -> dict[str, tuple[str, str | None]]:
     return {r.source_key: (r.status, r.reason) for r in rows}
 
 
-@pytest.mark.parametrize("scan_rows", [None, 0], ids=["manifest-rows-here", "spark-join"])
+@pytest.mark.parametrize("way", ["files-read-here", "files-read-in-tasks", "spark-join"])
 def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
-        spark, tmp_path, monkeypatch, scan_rows):
-    """Twice: the opened files' listing compared with the manifest's rows read by
-    delta-rs (the default), and by Spark's join with its snapshot (``driver.scan_rows:
-    0``); the expectations are the same."""
+        spark, tmp_path, monkeypatch, way):
+    """Three times, with the same expectations: the files opened after the first night
+    read in this process and compared with the manifest's rows read by delta-rs (a
+    night's few files within the read bound, the whole table above it), read by Spark's
+    tasks and compared with those rows, and compared by Spark's join with the manifest's
+    snapshot (``driver.scan_rows: 0``)."""
+    scan_rows = 0 if way == "spark-join" else None
     monkeypatch.setattr(file_table, "DRIVER_READ_BYTES", -1)  # listed in Spark's tasks
     here = []  # per comparison: whether the driver answered it
     compared_here = source_diff._compared_here
@@ -55,6 +58,7 @@ def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
     _write(folder / "a.parquet", [0, 1, 2])
     _write(folder / "b.parquet", [3, 4, 5])
     _write(folder / "c.parquet", [6, 7])
+    first_bytes = sum((folder / f"{n}.parquet").stat().st_size for n in "abc")
     cfg = make_config(tmp_path / "root", [{
         "name": "t", "kind": "table", "path": str(folder),
         "columns": {"key": "id", "image": "image", "caption": "caption"}}],
@@ -88,8 +92,14 @@ def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
     (folder / "c.parquet").unlink()
     _write(folder / "d.parquet", [8, 9])
 
+    if way == "files-read-here":  # b and d within the bound, as the table was not
+        bound = sum((folder / f"{n}.parquet").stat().st_size for n in "bd")
+        assert bound < first_bytes
+        monkeypatch.setattr(file_table, "DRIVER_READ_BYTES", bound)
     (second,) = curate(spark, cfg, "night-2").counts
     assert [d is not None for d in here] == ([True] if scan_rows is None else [])
+    assert [d.in_driver for d in here] == ([True] if way == "files-read-here" else
+                                           [False] if here else [])
     assert second.reasons.get("unreadable_file", 0) == 0
     assert (second.seen, second.accepted, second.unchanged) == (2, 2, 5)
     assert second.removed == {"source_removed": 3}

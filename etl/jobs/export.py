@@ -12,6 +12,7 @@ a takedown names is left out even if a run died before deleting it from the tabl
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -52,6 +53,8 @@ from etl.writers.mds import (
 )
 
 __all__ = ["ExportRun", "export", "stage"]
+
+log = logging.getLogger(__name__)
 
 
 def _removals(spark: SparkSession, cfg: Config) -> dict:
@@ -449,14 +452,22 @@ def _from_changes(spark: SparkSession, cfg: Config, name: str, exp, cols: _Colum
     cleaned up, dedup not covering the rows or its changes unreadable, more ids touched
     than ``driver.ids``, or a plan that rewrites the export."""
     since = memo.since(key) if key is not None and exp.incremental else None
-    if since is None or cols.encodings:
-        return None
-    if Catalog.of(spark, cfg).takedowns.version() != since["takedowns"]:
-        return None
-    changed = _changed(spark, cfg, exp, cols, since)
-    if changed is None or len(changed.touched) > cfg.driver.ids:
-        return None
-    return _write_changes(spark, cfg, name, exp, cols, memo, since, changed)
+    why = ("no memo of changes for the export in place" if since is None else
+           "latents exported" if cols.encodings else
+           "takedowns recorded since" if Catalog.of(spark, cfg).takedowns.version()
+           != since["takedowns"] else None)
+    changed = _changed(spark, cfg, exp, cols, since) if why is None else None
+    if why is None and changed is None:
+        why = "the changes since its version cannot be read"
+    elif changed is not None and len(changed.touched) > cfg.driver.ids:
+        why = f"{len(changed.touched):,} ids touched, more than driver.ids"
+    done = _write_changes(spark, cfg, name, exp, cols, memo, since, changed) \
+        if why is None else None
+    if why is None and done is None:
+        why = "the plan rewrites the export"
+    if why is not None:
+        log.info("export %s: the whole diff with the export in place: %s", name, why)
+    return done
 
 
 def _changed(spark: SparkSession, cfg: Config, exp, cols: _Columns,

@@ -42,6 +42,7 @@ from pyspark.sql import types as T
 from etl.config import Config, SourceConfig
 from etl.lakehouse.curate_state import ContainerMemo, CurateState, version_key
 from etl.lakehouse.manifest_rows import ManifestRows
+from etl.runtime.local import is_local, local_arrow
 from etl.runtime.warm import start_python_workers
 from etl.schema import REMOVED, SOURCE_SCHEMA, sample_id_col, sample_id_of
 from etl.sources import adapter_for, finish_ingest, finish_ingest_arrow
@@ -135,7 +136,7 @@ def compare(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
     this run fully handles (not those whose removals were deferred)."""
     diff = (_folder_listing(spark, cfg, manifest, prepare_rows)
             or _listed_in_driver(spark, cfg, manifest, prepare_rows)
-            or _in_spark(spark, cfg, manifest, state))
+            or _in_spark(spark, cfg, manifest, state, prepare_rows))
     diff.removals.source_versions.update({
         version_key(s): diff.versions[s.name] for s in cfg.sources
         if diff.versions.get(s.name) is not None and not diff.removals.deferred(s.name)})
@@ -167,7 +168,7 @@ def _source_versions(spark: SparkSession, cfg: Config) -> dict[str, int | None]:
 
 
 def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
-              state: CurateState) -> Diff:
+              state: CurateState, prepare_rows: int) -> Diff:
     versions = _source_versions(spark, cfg)
     rows = (manifest.rows() if all(v is None for v in versions.values()) else None)
     before = manifest.snapshot() if rows is None else None  # read before it is merged into
@@ -177,7 +178,8 @@ def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
     skip, skipped, current = _skipped_containers(cfg, reads, memo)
     listing = list_sources(spark, cfg, skip, versions)
     if rows is not None:
-        here = _compared_here(spark, cfg, rows, listing, skip, skipped, current, memo)
+        here = _compared_here(spark, cfg, rows, listing, skip, skipped, current, memo,
+                              prepare_rows)
         if here is not None:
             here.versions.update(versions)
             return here
@@ -329,44 +331,68 @@ _NARROW = ["sample_id", "source", "source_uri", "fingerprint", "read_reason"]
 
 def _compared_here(spark: SparkSession, cfg: Config, rows: ManifestRows, listing: DataFrame,
                    skip: dict[str, frozenset[str]], skipped: dict[str, int],
-                   current: dict[str, dict[str, str]], memo: ContainerMemo) -> Diff | None:
+                   current: dict[str, dict[str, str]], memo: ContainerMemo,
+                   prepare_rows: int) -> Diff | None:
     """What Spark's join would answer, from the manifest's narrow rows read by delta-rs
-    (`rows`) and the listing of the containers opened tonight, collected when it holds
-    at most ``driver.ids`` records (a night that opened the few files that changed); None
-    when it holds more. The listing marked ``unchanged`` is still Spark's rule
+    (`rows`) and the listing of the containers opened tonight, when it holds at most
+    ``driver.ids`` records (a night that opened the few files that changed); None when
+    it holds more. A listing read in this process (local data) is compared here and its
+    new records handed on as local data (:func:`_marked_here`: prepared on the driver
+    when few); a listing read by Spark's tasks is marked ``unchanged`` by Spark's rule
     (:func:`mark_unchanged`), joined with the manifest rows of the keys it lists."""
-    narrow = listing.select(*_NARROW).limit(cfg.driver.ids + 1).toArrow()
-    if narrow.num_rows > cfg.driver.ids:
+    local = is_local(listing)
+    table = (local_arrow(listing) if local else
+             listing.select(*_NARROW).limit(cfg.driver.ids + 1).toArrow())
+    if table.num_rows > cfg.driver.ids:
         return None
-    col = {name: narrow.column(name).to_pylist() for name in _NARROW}
-    known = rows.known_of(col["sample_id"])
-    by_id, _ = _known_ids(known)
-    stats: dict[str, dict] = {}
-    found: dict[tuple[str, str], tuple[int, bool]] = {}
-    for sid, name, uri, fp, reason in zip(*col.values(), strict=True):
-        fp_known, retry = by_id.get(sid, (None, True))
-        failed = reason in CONTAINER_FAILURES
-        st = stats.setdefault(name, {"source": name, "n": 0, "unchanged": 0, "failures": 0})
-        st["n"] += 1
-        st["unchanged"] += not retry and fp_known == fp
-        st["failures"] += failed
-        n, bad = found.get((name, uri), (0, False))
-        found[(name, uri)] = (n + 1, bad or failed)
-    listed_ids = frozenset(col["sample_id"])
+    known = rows.known_of(table.column("sample_id").to_pylist())
+    marked = (_marked_here(spark, table, _known_ids(known)[0], prepare_rows) if local
+              else _marked_in_spark(spark, listing, table, known))
+    listed_ids = frozenset(table.column("sample_id").to_pylist())
     gone, scans = [], {}
     for s in cfg.sources:
-        st = stats.get(s.name, {})
-        why = _deferral(s, st, skipped, lambda name=s.name: rows.holds_live(name))
+        why = _deferral(s, marked.stats.get(s.name, {}), skipped,
+                        lambda name=s.name: rows.holds_live(name))
         scans[s.name] = why or "listing"
         if why is None:
             gone += [(sid, s.name, status) for sid, status in
                      rows.removed(s.name, skip.get(s.name, frozenset()), listed_ids)]
-    before = spark.createDataFrame(known) if known.num_rows else None
-    listed = mark_unchanged(listing, before).persist(StorageLevel.MEMORY_AND_DISK)
-    return Diff(None, {}, listed, stats, Removals(_removed_frame(spark, gone), scans),
-                has_manifest=True, skipped=skipped,
-                containers=_containers_memo(found, current, memo, skip) if current else None,
+    return Diff(None, {}, marked.listed, marked.stats,
+                Removals(_removed_frame(spark, gone), scans), has_manifest=True,
+                skipped=skipped, small=marked.small, in_driver=local,
+                containers=_containers_memo(_files_read(table), current, memo, skip)
+                if current else None,
                 held=frozenset(known.column("sample_id").to_pylist()))
+
+
+def _marked_in_spark(spark: SparkSession, listing: DataFrame, narrow: pa.Table,
+                     known: pa.Table) -> _Marked:
+    """A listing read by Spark's tasks (`narrow`: its :data:`_NARROW` columns, collected)
+    counted here against the manifest rows of its keys (`known`), and marked in Spark by
+    the same rule (:func:`mark_unchanged`)."""
+    by_id, _ = _known_ids(known)
+    stats: dict[str, dict] = {}
+    for sid, name, fp, reason in zip(*(narrow.column(c).to_pylist() for c in (
+            "sample_id", "source", "fingerprint", "read_reason")), strict=True):
+        fp_known, retry = by_id.get(sid, (None, True))
+        st = stats.setdefault(name, {"source": name, "n": 0, "unchanged": 0, "failures": 0})
+        st["n"] += 1
+        st["unchanged"] += not retry and fp_known == fp
+        st["failures"] += reason in CONTAINER_FAILURES
+    before = spark.createDataFrame(known) if known.num_rows else None
+    return _Marked(mark_unchanged(listing, before).persist(StorageLevel.MEMORY_AND_DISK),
+                   stats, {}, False)
+
+
+def _files_read(table: pa.Table) -> dict[tuple[str, str], tuple[int, bool]]:
+    """Per (source, file) of a listing: the records listed, and whether part of the
+    file was unreadable."""
+    found: dict[tuple[str, str], tuple[int, bool]] = {}
+    for name, uri, reason in zip(*(table.column(c).to_pylist() for c in (
+            "source", "source_uri", "read_reason")), strict=True):
+        n, bad = found.get((name, uri), (0, False))
+        found[(name, uri)] = (n + 1, bad or reason in CONTAINER_FAILURES)
+    return found
 
 
 def _deferral(source: SourceConfig, st: dict, skipped: dict[str, int], holds_live
@@ -448,6 +474,28 @@ def _listed_in_driver(spark: SparkSession, cfg: Config, manifest: _ManifestReads
     table = pa.concat_tables([finish_ingest_arrow(adapter_for(s.kind).read_arrow(s), s)
                               for s in cfg.sources])
     by_id, live_ids = _known_ids(known) if known is not None else ({}, {})
+    here = _marked_here(spark, table, by_id, prepare_rows)
+    removals = (_table_removals(spark, cfg, here.stats, live_ids, here.ids) if has_manifest
+                else Removals(None, {}))
+    return Diff(None, _source_versions(spark, cfg), here.listed, here.stats, removals,
+                has_manifest=has_manifest, small=here.small, in_driver=True)
+
+
+@dataclass(frozen=True)
+class _Marked:
+    """A listing this process holds, compared with the manifest here."""
+    listed: DataFrame  # its new and changed records, `occurrence` and `unchanged` added
+    stats: dict[str, dict]  # per source: n, unchanged, failures
+    ids: dict[str, dict[str, str]]  # per source: source_key -> sample_id
+    small: bool  # few enough new records to prepare on the driver
+
+
+def _marked_here(spark: SparkSession, table: pa.Table,
+                 by_id: dict[str, tuple[str | None, bool]], prepare_rows: int) -> _Marked:
+    """The listing `table` (finished, as :func:`finish_ingest_arrow` leaves it) compared
+    with the manifest's rows `by_id` (:func:`_known_ids`) as :func:`mark_unchanged` does
+    in Spark: its repeated keys numbered, its records counted, and only the new and
+    changed ones handed on, as local data."""
     col = {name: table.column(name).to_pylist() for name in (
         "sample_id", "source", "source_key", "read_status", "read_reason", "source_uri",
         "image_ref", "image_offset", "fingerprint")}
@@ -462,8 +510,6 @@ def _listed_in_driver(spark: SparkSession, cfg: Config, manifest: _ManifestReads
         st["unchanged"] += unchanged[i]
         st["failures"] += col["read_reason"][i] in CONTAINER_FAILURES
         ids.setdefault(name, {})[col["source_key"][i]] = col["sample_id"][i]
-    removals = (_table_removals(spark, cfg, stats, live_ids, ids) if has_manifest
-                else Removals(None, {}))
     todo = pa.array([not u for u in unchanged], pa.bool_())
     new = table.append_column("occurrence", pa.array(_occurrences(col), pa.int32())
                               ).append_column("unchanged", pa.array(unchanged, pa.bool_())
@@ -472,8 +518,7 @@ def _listed_in_driver(spark: SparkSession, cfg: Config, manifest: _ManifestReads
     listed = spark.createDataFrame(new, T.StructType(SOURCE_SCHEMA.fields + [
         T.StructField("occurrence", T.IntegerType(), False),
         T.StructField("unchanged", T.BooleanType(), False)]))
-    return Diff(None, _source_versions(spark, cfg), listed, stats, removals,
-                has_manifest=has_manifest, small=small, in_driver=True)
+    return _Marked(listed, stats, ids, small)
 
 
 def _table_removals(spark: SparkSession, cfg: Config, stats: dict[str, dict],
