@@ -56,8 +56,9 @@ DRIVER_PREPARE_ROWS = 256
 # increment: a few new rows into one new partition); more are written by Spark tasks, one
 # per partition, in parallel. A row costs the driver its image taken from Lance and its
 # sample encoded (~1 ms for a 0.5 MP JPEG); a Spark write costs its job, a Python worker
-# per slot and streaming's import in each.
-DRIVER_WRITE_ROWS = 1024
+# per slot and streaming's import in each (~2-3 s on a cold night: 1,200 small rows took
+# 2.4 s as a Spark write and 0.6 s on the driver, bench/scale.py at 120,000 records).
+DRIVER_WRITE_ROWS = 2048
 # Dedup rows an increment touches (or a first run's whole table) planned in the driver:
 # a few pylance/delta-rs reads instead of Spark's joins over the table, in the driver's
 # memory (~200 bytes a row) and on one core.

@@ -451,9 +451,10 @@ def _table_versions(cat: Catalog) -> tuple[int | None, int | None]:
 
 
 def curate(spark: SparkSession, cfg: Config, run_id: str,
-           changes_ahead: Callable[[], None] = lambda: None) -> CurateResult:
-    """`changes_ahead`: called once the night is known not to be a no-op (the run's
-    later stages may start warming: :meth:`RunContext.changes_ahead`). Each source's
+           changes_ahead: Callable[[int], None] = lambda new: None) -> CurateResult:
+    """`changes_ahead`: called once the night is known not to be a no-op, with the count
+    of new and changed records (the run's later stages may start warming:
+    :meth:`RunContext.changes_ahead`). Each source's
     files are listed once (:func:`~etl.sources.listing.one_listing`): the digest that
     tells a quiet night, the comparison with the manifest and the read of the new
     records see the same listing."""
@@ -462,20 +463,20 @@ def curate(spark: SparkSession, cfg: Config, run_id: str,
 
 
 def _night(spark: SparkSession, cfg: Config, run_id: str,
-           changes_ahead: Callable[[], None]) -> CurateResult:
+           changes_ahead: Callable[[int], None]) -> CurateResult:
     paths, cat = tables.layout(cfg), Catalog.of(spark, cfg)
     state = CurateState.of(paths)
     now = datetime.now(UTC).replace(tzinfo=None)
     quiet = state.check_quiet(cfg, lambda: _table_versions(cat), cat.curated.exists)
     if quiet.hit:
         return _quiet_night(spark, cfg, cat, quiet, run_id, now)
-    changes_ahead()
     # Before anything reads the manifest:
     with _job(spark, "finish pending takedowns", run_id):
         pending = _finish_takedowns(spark, cfg, run_id, now)
     with _job(spark, "list sources, compare with the manifest", run_id):
         diff = cat.manifest.diff(cfg, state)
         removals, refused = diff.removals, cat.takedowns.identifiers()
+    changes_ahead(diff.new_records)
     with _job(spark, "fetch + prepare new records, write them to Lance", run_id):
         prep = _fetch_and_prepare(spark, cfg, paths, diff, refused, run_id, now)
     fault_point("curate:prepared")

@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from etl import storage, tables
 from etl.config import Config
+from etl.config.bounds import DRIVER_WRITE_ROWS
 from etl.errors import ConfigError
 from etl.lakehouse.catalog import Catalog
 from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
@@ -585,16 +586,19 @@ def _commit_changes(spark: SparkSession, cfg: Config, name: str, exp, cols: _Col
 
 
 def warm(cfg: Config, ctx: RunContext) -> None:
-    """The stage's warm-up (:attr:`etl.pipeline.stages.Stage.warm`): when the curated
-    table's rows are few enough for the driver to hold (and so, likely, to write an
-    export's few or changed rows), start importing streaming's writer on a thread, so
-    that it overlaps the stages before the export instead of the export itself."""
+    """The stage's warm-up (:attr:`etl.pipeline.stages.Stage.warm`): when the driver
+    will likely write an export's rows -- the curated table's rows few enough for it to
+    hold, or an export in place that a night of a few new records
+    (:attr:`RunContext.new_records`, within :data:`DRIVER_WRITE_ROWS`) adds to -- start
+    importing streaming's writer on a thread (:func:`warm_for`), so that it overlaps the
+    stages before the export instead of the export itself."""
     path = tables.layout(cfg).curated
     if not _names(cfg, ctx) or not storage.lance_exists(path):
         return
     rows = tables.open_curated(cfg).count_rows()
-    if rows <= cfg.driver.ids:
-        for name in _names(cfg, ctx):
+    few = ctx.new_records is not None and ctx.new_records <= DRIVER_WRITE_ROWS
+    for name in _names(cfg, ctx):
+        if rows <= cfg.driver.ids or (few and cfg.export(name).incremental):
             warm_for(tables.export_path(cfg, name), rows)
 
 

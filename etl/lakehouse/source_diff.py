@@ -40,9 +40,9 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from etl.config import Config, SourceConfig
+from etl.config.bounds import LOCAL_COLLECT_ROWS
 from etl.lakehouse.curate_state import ContainerMemo, CurateState, version_key
 from etl.lakehouse.manifest_rows import ManifestRows
-from etl.runtime.local import is_local, local_arrow
 from etl.runtime.warm import start_python_workers
 from etl.schema import REMOVED, SOURCE_SCHEMA, sample_id_col, sample_id_of
 from etl.sources import adapter_for, finish_ingest, finish_ingest_arrow
@@ -176,6 +176,13 @@ def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
         None if before is None else _Snapshot(manifest, before))
     memo = state.table_containers(manifest.version()) if reads is not None else {}
     skip, skipped, current = _skipped_containers(cfg, reads, memo)
+    if rows is not None and all(adapter_for(s.kind).lists_in_driver(
+            s, skip.get(s.name, frozenset())) for s in cfg.sources):
+        here = _compared_here(spark, cfg, rows, _read_here(cfg, skip), skip, skipped,
+                              current, memo, _prepare_here(cfg, prepare_rows))
+        if here is not None:
+            here.versions.update(versions)
+            return here
     listing = list_sources(spark, cfg, skip, versions)
     if rows is not None:
         here = _compared_here(spark, cfg, rows, listing, skip, skipped, current, memo,
@@ -329,19 +336,39 @@ def _find_removals(spark: SparkSession, cfg: Config, state: CurateState, manifes
 _NARROW = ["sample_id", "source", "source_uri", "fingerprint", "read_reason"]
 
 
-def _compared_here(spark: SparkSession, cfg: Config, rows: ManifestRows, listing: DataFrame,
+def _prepare_here(cfg: Config, prepare_rows: int) -> int:
+    """The new records a night prepares on the driver when its listing was read here:
+    ``driver.prepare_rows``, or up to :data:`LOCAL_COLLECT_ROWS` when every source's
+    records embed their images in the local table files just read -- their bytes are
+    then within :data:`~etl.config.bounds.DRIVER_READ_BYTES`, whatever the count (a
+    night's new file of small images). ``driver.prepare_rows: 0`` keeps every night in
+    Spark's tasks."""
+    if prepare_rows and all(adapter_for(s.kind).names_rows(s) for s in cfg.sources):
+        return max(prepare_rows, LOCAL_COLLECT_ROWS)
+    return prepare_rows
+
+
+def _read_here(cfg: Config, skip: dict[str, frozenset[str]]) -> pa.Table:
+    """Every source's listing read in this process, the containers in `skip` left
+    unopened (:meth:`~etl.sources.base.SourceAdapter.read_arrow`), finished."""
+    return pa.concat_tables([finish_ingest_arrow(adapter_for(s.kind).read_arrow(
+        s, skip.get(s.name, frozenset())), s) for s in cfg.sources])
+
+
+def _compared_here(spark: SparkSession, cfg: Config, rows: ManifestRows,
+                   listing: DataFrame | pa.Table,
                    skip: dict[str, frozenset[str]], skipped: dict[str, int],
                    current: dict[str, dict[str, str]], memo: ContainerMemo,
                    prepare_rows: int) -> Diff | None:
     """What Spark's join would answer, from the manifest's narrow rows read by delta-rs
     (`rows`) and the listing of the containers opened tonight, when it holds at most
     ``driver.ids`` records (a night that opened the few files that changed); None when
-    it holds more. A listing read in this process (local data) is compared here and its
-    new records handed on as local data (:func:`_marked_here`: prepared on the driver
-    when few); a listing read by Spark's tasks is marked ``unchanged`` by Spark's rule
-    (:func:`mark_unchanged`), joined with the manifest rows of the keys it lists."""
-    local = is_local(listing)
-    table = (local_arrow(listing) if local else
+    it holds more. A listing read in this process (an Arrow table) is compared here and
+    its new records handed on as local data (:func:`_marked_here`: prepared on the
+    driver when few); a listing read by Spark's tasks is marked ``unchanged`` by Spark's
+    rule (:func:`mark_unchanged`), joined with the manifest rows of the keys it lists."""
+    local = isinstance(listing, pa.Table)
+    table = (listing if local else
              listing.select(*_NARROW).limit(cfg.driver.ids + 1).toArrow())
     if table.num_rows > cfg.driver.ids:
         return None

@@ -108,6 +108,9 @@ class RunContext:
     command: bool = False
     # What :meth:`changes_ahead` starts (the runner's: later stages' warm-up); once.
     on_changes: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # How many new records the running stage said it will write (changes_ahead), if it
+    # said: a later stage's warm-up may size itself by it.
+    new_records: int | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.options = tuple(self.options)
@@ -120,11 +123,13 @@ class RunContext:
             raise TypeError("RunContext options: "
                             f"{', '.join(k.__name__ for k in kinds)} holds one twice")
 
-    def changes_ahead(self) -> None:
+    def changes_ahead(self, new_records: int | None = None) -> None:
         """The running stage knows it will change tables (a night with new records, not
-        a no-op): what later stages will need may start warming now, on threads, while
-        it works (:attr:`etl.pipeline.stages.Stage.warm`). Once per run; nothing
-        outside a run."""
+        a no-op; `new_records` of them when it can tell): what later stages will need
+        may start warming now, on threads, while it works
+        (:attr:`etl.pipeline.stages.Stage.warm`). Once per run; nothing outside a run."""
+        if self.new_records is None:
+            self.new_records = new_records
         hook, self.on_changes = self.on_changes, None
         if hook is not None:
             hook()

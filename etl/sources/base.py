@@ -77,17 +77,21 @@ class SourceAdapter(ABC):
         fingerprints: curate then skips comparing the listing with the manifest."""
         return None
 
-    def lists_in_driver(self, source: SourceConfig) -> bool:
+    def lists_in_driver(self, source: SourceConfig,
+                        skip: frozenset[str] = frozenset()) -> bool:
         """Whether :meth:`read` lists this source on the driver, handing Spark an Arrow
-        table of local data (a small local URL list): curate then takes the same rows
-        from :meth:`read_arrow` and numbers their repeated keys, compares them with the
+        table of local data (a small local URL list; a night's few changed table files,
+        the containers in `skip` left unopened): curate then takes the same rows from
+        :meth:`read_arrow` and numbers their repeated keys, compares them with the
         manifest and counts them on the driver, without a Spark job. False for kinds
         read in Spark tasks."""
         return False
 
-    def read_arrow(self, source: SourceConfig) -> pa.Table:
-        """The rows :meth:`read` gives, read in this process as an Arrow table of
-        :data:`etl.sources.records.RAW_SCHEMA` (kinds whose :meth:`lists_in_driver`)."""
+    def read_arrow(self, source: SourceConfig, skip: frozenset[str] = frozenset()
+                   ) -> pa.Table:
+        """The rows :meth:`read` gives (the containers in `skip` left unopened), read in
+        this process as an Arrow table of :data:`etl.sources.records.RAW_SCHEMA` (kinds
+        whose :meth:`lists_in_driver`)."""
         raise NotImplementedError(f"kind {self.kind!r} is not read on the driver")
 
     def driver_listing(self, source: SourceConfig) -> dict[str, str | None] | None:

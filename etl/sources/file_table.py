@@ -172,11 +172,14 @@ class TableSource(SourceAdapter):
         if names is not None:
             check_mapped_columns(source, names, "table", os.path.basename(path))
 
-    def lists_in_driver(self, source: SourceConfig) -> bool:
-        return _read_in_driver(self._files(source))
+    def lists_in_driver(self, source: SourceConfig,
+                        skip: frozenset[str] = frozenset()) -> bool:
+        left = [f for f in self._files(source) if f[0] not in skip]
+        return (bool(skip) and not left) or _read_in_driver(left)
 
-    def read_arrow(self, source: SourceConfig) -> pa.Table:
-        return _read_in_process(self._files(source), source)
+    def read_arrow(self, source: SourceConfig, skip: frozenset[str] = frozenset()
+                   ) -> pa.Table:
+        return _read_in_process([f for f in self._files(source) if f[0] not in skip], source)
 
     def read(
         self, spark: SparkSession, source: SourceConfig, skip: frozenset[str] = frozenset(),
