@@ -147,7 +147,7 @@ def test_a_night_lists_each_folder_once_and_reads_what_it_listed(spark, tmp_path
 def _table_diff(spark, cfg, *, here: bool, monkeypatch):
     with monkeypatch.context() as m:
         if not here:
-            m.setattr(TableSource, "lists_in_driver", lambda self, source: False)
+            m.setattr(TableSource, "lists_in_driver", lambda self, source, skip=frozenset(): False)
         cat = Catalog.of(spark, cfg)
         diff = cat.manifest.diff(cfg, CurateState.of(tables.layout(cfg)))
         removals = diff.removals

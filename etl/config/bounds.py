@@ -5,7 +5,7 @@ Up to a bound the work is done in the driver's process, which saves the Spark jo
 its ~0.5-2 s of planning and scheduling in a cold JVM, more for a first Python worker);
 above it, Spark does it in tasks, which costs the job but keeps the driver's memory and
 time flat as the work grows. Each pair of paths is tested equal on data that crosses its
-bound (all but ``driver.scan_rows``, which no test crosses yet).
+bound.
 
 The bounds of work whose owner is built from the config are fields of its ``driver:``
 section (:class:`DriverBounds`), defaulting to the constant beside them: the ids a table
