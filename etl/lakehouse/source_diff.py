@@ -13,12 +13,17 @@ chosen here:
   manifest within the same bound: the rows are numbered, compared, counted and their
   removals found here, as :func:`~etl.transforms.bronze.mark_unchanged` and
   :func:`~etl.transforms.bronze.removed_records` do in Spark;
+* otherwise the containers first: a container whose size and mtime have not changed is
+  not opened -- a tar shard whose manifest records all carry its fingerprint, a table
+  file of embedded images whose fingerprint curate remembered beside the manifest
+  (:meth:`~etl.lakehouse.curate_state.CurateState.table_containers`); its records count
+  as unchanged, and are not looked for among the removals. What the opened containers
+  list is then compared with the manifest's narrow rows read by delta-rs within
+  ``driver.scan_rows`` (:class:`~etl.lakehouse.manifest_rows.ManifestRows`), when it
+  holds at most ``driver.ids`` records: read in this process when the files are local
+  and small (their few new records prepared on the driver), else by Spark's tasks;
 * otherwise Spark: the listing joined with the manifest's snapshot, removals by a join
-  (or a source table's history of deletions). A container whose size and mtime have not
-  changed is not opened: a tar shard whose manifest records all carry its fingerprint,
-  a table file of embedded images whose fingerprint curate remembered beside the
-  manifest (:meth:`~etl.lakehouse.curate_state.CurateState.table_containers`). Its
-  records count as unchanged, and are not looked for among the removals.
+  (or a source table's history of deletions).
 
 A comparison in the driver hands on at most ``driver.prepare_rows`` new records as a
 :attr:`Diff.small` night: fetched, prepared and written from the driver's process. Each
@@ -169,6 +174,9 @@ def _source_versions(spark: SparkSession, cfg: Config) -> dict[str, int | None]:
 
 def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
               state: CurateState, prepare_rows: int) -> Diff:
+    """Sources that do not all list on the driver: unchanged containers skipped, the
+    rest compared with the manifest's rows on the driver where they are few
+    (:func:`_compared_here`), else by Spark's join with its snapshot."""
     versions = _source_versions(spark, cfg)
     rows = (manifest.rows() if all(v is None for v in versions.values()) else None)
     before = manifest.snapshot() if rows is None else None  # read before it is merged into
