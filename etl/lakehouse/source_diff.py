@@ -34,7 +34,7 @@ driver path is tested equal to the Spark path on the same tables
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import reduce
 from typing import Protocol
 
@@ -189,15 +189,13 @@ def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
         here = _compared_here(spark, cfg, rows, _read_here(cfg, skip), skip, skipped,
                               current, memo, _prepare_here(cfg, prepare_rows))
         if here is not None:
-            here.versions.update(versions)
-            return here
+            return replace(here, versions=versions)
     listing = list_sources(spark, cfg, skip, versions)
     if rows is not None:
         here = _compared_here(spark, cfg, rows, listing, skip, skipped, current, memo,
                               prepare_rows)
         if here is not None:
-            here.versions.update(versions)
-            return here
+            return replace(here, versions=versions)
         before = manifest.snapshot()  # too many listed for the driver: Spark's join
     listed = mark_unchanged(listing, before).persist(StorageLevel.MEMORY_AND_DISK)
     stats = {
@@ -405,18 +403,36 @@ def _marked_in_spark(spark: SparkSession, listing: DataFrame, narrow: pa.Table,
     """A listing read by Spark's tasks (`narrow`: its :data:`_NARROW` columns, collected)
     counted here against the manifest rows of its keys (`known`), and marked in Spark by
     the same rule (:func:`mark_unchanged`)."""
-    by_id, _ = _known_ids(known)
-    stats: dict[str, dict] = {}
-    for sid, name, fp, reason in zip(*(narrow.column(c).to_pylist() for c in (
-            "sample_id", "source", "fingerprint", "read_reason")), strict=True):
-        fp_known, retry = by_id.get(sid, (None, True))
-        st = stats.setdefault(name, {"source": name, "n": 0, "unchanged": 0, "failures": 0})
-        st["n"] += 1
-        st["unchanged"] += not retry and fp_known == fp
-        st["failures"] += reason in CONTAINER_FAILURES
+    col = {c: narrow.column(c).to_pylist() for c in (
+        "sample_id", "source", "fingerprint", "read_reason")}
+    stats = _counted(col, _unchanged(col, _known_ids(known)[0]))
     before = spark.createDataFrame(known) if known.num_rows else None
     return _Marked(mark_unchanged(listing, before).persist(StorageLevel.MEMORY_AND_DISK),
                    stats, {}, False)
+
+
+def _unchanged(col: dict[str, list], by_id: dict[str, tuple[str | None, bool]]
+               ) -> list[bool]:
+    """:func:`mark_unchanged`'s ``unchanged`` for listed rows (columns as lists) against
+    the manifest's rows `by_id` (:func:`_known_ids`): known, the same fingerprint, and
+    not to be retried."""
+    out = []
+    for sid, fp in zip(col["sample_id"], col["fingerprint"], strict=True):
+        fp_known, retry = by_id.get(sid, (None, True))
+        out.append(not retry and fp_known == fp)
+    return out
+
+
+def _counted(col: dict[str, list], unchanged: list[bool]) -> dict[str, dict]:
+    """Per source of listed rows: ``n``, ``unchanged`` and ``failures`` (records of
+    unreadable files), as the Spark path counts them."""
+    stats: dict[str, dict] = {}
+    for name, same, reason in zip(col["source"], unchanged, col["read_reason"], strict=True):
+        st = stats.setdefault(name, {"source": name, "n": 0, "unchanged": 0, "failures": 0})
+        st["n"] += 1
+        st["unchanged"] += same
+        st["failures"] += reason in CONTAINER_FAILURES
+    return stats
 
 
 def _files_read(table: pa.Table) -> dict[tuple[str, str], tuple[int, bool]]:
@@ -534,17 +550,10 @@ def _marked_here(spark: SparkSession, table: pa.Table,
     col = {name: table.column(name).to_pylist() for name in (
         "sample_id", "source", "source_key", "read_status", "read_reason", "source_uri",
         "image_ref", "image_offset", "fingerprint")}
-    unchanged = []
-    for sid, fp in zip(col["sample_id"], col["fingerprint"], strict=True):
-        fp_known, retry = by_id.get(sid, (None, True))
-        unchanged.append(not retry and fp_known == fp)
-    stats, ids = {}, {}
-    for i, name in enumerate(col["source"]):
-        st = stats.setdefault(name, {"source": name, "n": 0, "unchanged": 0, "failures": 0})
-        st["n"] += 1
-        st["unchanged"] += unchanged[i]
-        st["failures"] += col["read_reason"][i] in CONTAINER_FAILURES
-        ids.setdefault(name, {})[col["source_key"][i]] = col["sample_id"][i]
+    unchanged = _unchanged(col, by_id)
+    stats, ids = _counted(col, unchanged), {}
+    for name, key, sid in zip(col["source"], col["source_key"], col["sample_id"], strict=True):
+        ids.setdefault(name, {})[key] = sid
     todo = pa.array([not u for u in unchanged], pa.bool_())
     new = table.append_column("occurrence", pa.array(_occurrences(col), pa.int32())
                               ).append_column("unchanged", pa.array(unchanged, pa.bool_())
