@@ -208,10 +208,13 @@ def test_batch_encoder_rejects_nulls_and_non_jpeg_bytes():
         encode_batch(pa.record_batch({"image": [b"\x89PNG"]}), {"image": "jpeg"})
 
 
-def test_shard_files_and_index_match_stock_mdswriter_byte_for_byte(tmp_path):
-    """The fast flush (samples written straight to the shard file, hashed on the way)
-    gives exactly the files and index of streaming's own MDSWriter, across several
-    shards; the file digests it records are those of the files on disk."""
+@pytest.mark.parametrize("compression,hashes", [(None, []), ("zstd:7", ["sha1", "xxh64"])])
+def test_shard_files_and_index_match_stock_mdswriter_byte_for_byte(tmp_path, compression,
+                                                                   hashes):
+    """lakeshard's writer (its own, so that writing imports no torch) gives exactly the
+    files and index of streaming's own MDSWriter, across several shards, plain (samples
+    written straight to the shard file, hashed on the way) and compressed with MDS
+    hashes; the file digests it records are those of the files on disk."""
     import hashlib
     import json
 
@@ -230,11 +233,12 @@ def test_shard_files_and_index_match_stock_mdswriter_byte_for_byte(tmp_path):
         "caption": [f"caption ✓ {i} " * (i % 7) for i in range(120)],
     })
     size_limit = 200_000  # several shards
-    with MDSWriter(out=str(tmp_path / "stock"), columns=columns, size_limit=size_limit) as w:
+    with MDSWriter(out=str(tmp_path / "stock"), columns=columns, size_limit=size_limit,
+                   compression=compression, hashes=hashes) as w:
         for row in table.to_pylist():
             w.write(row)
-    ours = PassThroughMDSWriter(out=str(tmp_path / "ours"), columns=columns,
-                                size_limit=size_limit)
+    ours = PassThroughMDSWriter(local=str(tmp_path / "ours"), columns=columns,
+                                size_limit=size_limit, compression=compression, hashes=hashes)
     with ours:
         for batch in table.to_batches(max_chunksize=17):
             for data in encode_batch(batch, columns):
@@ -247,9 +251,41 @@ def test_shard_files_and_index_match_stock_mdswriter_byte_for_byte(tmp_path):
     for name, digest in ours.digests().items():
         if name != "index.json":
             assert hashlib.sha256((tmp_path / "ours" / name).read_bytes()).hexdigest() == digest
+    assert set(ours.digests()) == set(stock_files)
     assert json.loads((tmp_path / "ours" / "index.json").read_text()) == ours.index()
     assert ([s["sample_id"] for s in read_all(str(tmp_path / "ours"))]
             == table.column("sample_id").to_pylist())
+
+
+def test_the_mds_writer_imports_no_torch():
+    """A writing task (or the driver) imports the writer and encodes samples without
+    torch, which ``import streaming`` would bring (seconds of CPU in each fresh Python
+    worker); streaming's own classes are still importable afterwards in that process."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from etl.writers.mds.task import _lean_streaming\n"
+        "_lean_streaming()\n"
+        "import pyarrow as pa\n"
+        "from etl.writers.mds.codec import encode_batch\n"
+        "from etl.writers.mds.writer import PassThroughMDSWriter\n"
+        "import tempfile, os\n"
+        "d = tempfile.mkdtemp()\n"
+        "with PassThroughMDSWriter(local=os.path.join(d, 'o'), columns={'a': 'str'},\n"
+        "                          size_limit=1 << 20, compression='zstd') as w:\n"
+        "    for data in encode_batch(pa.record_batch({'a': ['x', 'y']}), {'a': 'str'}):\n"
+        "        w.write_encoded(data)\n"
+        "assert 'torch' not in sys.modules, 'torch imported'\n"
+        "from streaming import StreamingDataset\n"
+        "assert 'torch' in sys.modules\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "ok"
 
 
 def _inc_rows(spark, rows):

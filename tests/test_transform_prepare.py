@@ -51,7 +51,7 @@ def test_prepare_keeps_every_row_with_a_status(spark):
 def test_accepted_and_rejected_split_the_rows(spark):
     prepared = _prepared(spark)
     at = datetime(2026, 1, 2, 3, 4, 5)
-    acc = accepted_rows(prepared, run_id="r1", ingested_at=F.lit(at))
+    acc = accepted_rows(prepared, run_id="r1", ingested_at=at)
     assert tuple(acc.columns) == CURATED_COLUMNS
     rows = {r.sample_id: r for r in acc.collect()}
     assert set(rows) == {"id1", "id2"}
@@ -81,6 +81,21 @@ def test_rejected_rows_held_here_are_the_rows_spark_tasks_build(spark):
             } == {"id3": ("prepare", "undecodable", "r1"), "id4": ("ingest", "missing_image",
                                                                    "r1"),
                   "id5": ("prepare", "empty", "r1")}
+
+
+def test_accepted_rows_held_here_are_the_rows_spark_builds(spark):
+    """The curated rows curate appends from the driver, built from prepared rows it holds:
+    the columns, types and values (images included) Spark's projection gives for the
+    same rows."""
+    prepared = _prepared(spark)
+    at = datetime(2026, 1, 2, 3, 4, 5)
+    mine = accepted_rows(prepared.toArrow(), run_id="r1", ingested_at=at)
+    theirs = accepted_rows(prepared, run_id="r1", ingested_at=at).toArrow()
+    assert mine.schema.names == list(CURATED_COLUMNS) == theirs.schema.names
+    assert [f.type for f in mine.schema] == [f.type for f in theirs.schema]
+    key = [("sample_id", "ascending")]
+    assert mine.sort_by(key).to_pylist() == theirs.sort_by(key).to_pylist()
+    assert sorted(mine.column("sample_id").to_pylist()) == ["id1", "id2"]
 
 
 def _spark_aggregate(prepared):

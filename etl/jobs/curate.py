@@ -362,7 +362,9 @@ def _write_curated(spark: SparkSession, cfg: Config, paths: tables.Layout, prep:
         if prep.written is not None:
             curated.commit(prep.written, prep.outcomes.fragments)
         else:
-            curated.append(accepted_rows(prep.rows, run_id=run_id, ingested_at=F.lit(now),
+            # Prepared here: the rows this process holds, images and all.
+            rows = prep.held if prep.on_driver and prep.held is not None else prep.rows
+            curated.append(accepted_rows(rows, run_id=run_id, ingested_at=now,
                                          extra=UPSTREAM_COLUMNS), on_driver=prep.on_driver)
     if replaced:
         log.info("curate: replaced %d curated rows of changed records", replaced)

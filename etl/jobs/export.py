@@ -590,7 +590,7 @@ def warm(cfg: Config, ctx: RunContext) -> None:
     will likely write an export's rows -- the curated table's rows few enough for it to
     hold, or an export in place that a night of a few new records
     (:attr:`RunContext.new_records`, within :data:`DRIVER_WRITE_ROWS`) adds to -- start
-    importing streaming's writer on a thread (:func:`warm_for`), so that it overlaps the
+    importing the MDS writer on a thread (:func:`warm_for`), so that it overlaps the
     stages before the export instead of the export itself."""
     path = tables.layout(cfg).curated
     if not _names(cfg, ctx) or not storage.lance_exists(path):

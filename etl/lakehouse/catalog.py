@@ -287,11 +287,14 @@ class Curated:
         written.commit(fragments)
         ensure_scalar_indexes(self.path, self.cfg.lakehouse.scalar_indexes)
 
-    def append(self, rows: DataFrame, on_driver: bool = False) -> None:
+    def append(self, rows: DataFrame | pa.Table, on_driver: bool = False) -> None:
         """Append rows; the scalar indexes analysts filter by extend to the new fragments.
-        `on_driver`: `rows` are few, collected and written from this process (no Spark
-        task runs Python: the Lance data source's writer is Python)."""
-        if on_driver:
+        Rows this process holds (an Arrow table), or `on_driver` (a frame of few rows,
+        collected), are written from this process (no Spark task runs Python: the Lance
+        data source's writer is Python)."""
+        if isinstance(rows, pa.Table):
+            append_local(self.path, rows)
+        elif on_driver:
             append_local(self.path, local_arrow(rows))
         else:
             append_frame(rows, self.path)

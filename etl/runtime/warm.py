@@ -2,8 +2,8 @@
 
 A nightly `lakeshard run` is a fresh process: before its first stage it waits seconds
 for the driver JVM to start, with its Python thread idle, and later pays imports of its
-own on the critical path (the report's matplotlib; streaming's MDS writer, and torch
-with it, for an export the driver writes). :func:`import_in_background` starts such
+own on the critical path (the report's matplotlib; the MDS writer, for an export the
+driver writes). :func:`import_in_background` starts such
 imports on a daemon thread now, so that they overlap the wait; the code that needs a
 module imports it as usual, and the import system makes it wait for a module still
 being imported. An import that fails on the thread is left for that code to raise.

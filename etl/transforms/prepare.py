@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 
 import pyarrow as pa
@@ -12,7 +13,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
-from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 
 from etl.config import FetchConfig, PrepareConfig, SourceConfig
 from etl.runtime.local import is_local, local_arrow, per_batch, projected
@@ -26,6 +27,7 @@ from etl.transforms.prepare_task import (
     RowSink,
     batch_args,
     fp_struct,
+    stored_batch,
     task_function,
 )
 from udfs.arrow_types import nullable_type
@@ -164,11 +166,23 @@ def curated_columns(prepared: DataFrame, *, run_id: str, ingested_at: Column,
     return [*[columns[c].alias(c) for c in CURATED_COLUMNS], *[F.col(c) for c in extra]]
 
 
-def accepted_rows(prepared: DataFrame, *, run_id: str, ingested_at: Column,
-                  extra: Sequence[str] = ()) -> DataFrame:
-    """Rows for the curated table (:func:`curated_columns`) of the accepted rows."""
-    return prepared.where(F.col("status") == "ok").select(
-        *curated_columns(prepared, run_id=run_id, ingested_at=ingested_at, extra=extra))
+def accepted_rows(prepared: DataFrame | pa.Table, *, run_id: str, ingested_at: datetime,
+                  extra: Sequence[str] = ()) -> DataFrame | pa.Table:
+    """Rows for the curated table (:func:`curated_columns`) of the accepted rows: a
+    Spark projection of a frame, or built here from prepared rows this process holds (an
+    Arrow table, as ``toArrow`` gives them; :func:`~etl.transforms.prepare_task.
+    stored_batch`, the rule a writing task stores its rows by), with the same columns
+    and types (:func:`curated_schema`)."""
+    if not isinstance(prepared, pa.Table):
+        return prepared.where(F.col("status") == "ok").select(*curated_columns(
+            prepared, run_id=run_id, ingested_at=F.lit(ingested_at), extra=extra))
+    schema = to_arrow_schema(curated_schema(from_arrow_schema(prepared.schema), extra=extra))
+    idx = pc.indices_nonzero(pc.fill_null(pc.equal(prepared.column("status"), "ok"), False))
+    struct = prepared.column("prepared").combine_chunks().take(idx)
+    fields = {name: struct.field(name) for name in PREPARED_TYPE.fieldNames()}
+    # As Spark stores F.lit(ingested_at): a naive datetime is this process's local time.
+    at = T.TimestampType().toInternal(ingested_at)
+    return pa.Table.from_batches([stored_batch(prepared, idx, fields, schema, run_id, at)])
 
 
 # The columns curated_columns computes, typed as Spark's analysis types them: the size

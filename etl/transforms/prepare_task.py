@@ -29,7 +29,7 @@ from udfs.images import PREPARED_TYPE
 from udfs.ingest import FETCH_PREPARE_ARROW, FETCH_PREPARE_TYPE, fetch_prepare_batches
 
 __all__ = ["ARGS", "FP_TYPE", "WRITTEN", "FLAG", "RowSink", "batch_args", "fp_struct",
-           "task_function"]
+           "stored_batch", "task_function"]
 
 # What Spark computes for the batch function before the task: whether the row is
 # processed, and the reference to fetch (null where the row carries its bytes or is not
@@ -99,33 +99,42 @@ def _accepted(fp: pa.StructArray, refused: pa.Array | None) -> pa.BooleanArray:
 
 def _stored_rows(batch: pa.RecordBatch, fp: pa.StructArray, accepted: pa.BooleanArray,
                  sink: RowSink) -> pa.RecordBatch:
-    """The rows to store of the accepted ones: the table's columns, as
-    :func:`etl.transforms.prepare.curated_columns` computes them in Spark."""
+    """The rows to store of the accepted ones (:func:`stored_batch`)."""
     idx = pc.indices_nonzero(accepted)
-    n = len(idx)
     # The prepared fields are this batch's own arrays: all of them accepted, they are
-    # stored as they are (no copy of the JPEGs). The row's own columns are taken
-    # (copied) always: they may be slices of the whole input batch as Spark sent it,
-    # which must not stay alive with them.
-    every = n == len(accepted)
+    # stored as they are (no copy of the JPEGs).
+    every = len(idx) == len(accepted)
     prepared = {name: fp.field(name) if every else fp.field(name).take(idx)
                 for name in PREPARED_TYPE.fieldNames()}
+    return stored_batch(batch, idx, prepared, sink.schema, sink.run_id, sink.ingested_at_us)
+
+
+def stored_batch(rows: pa.RecordBatch | pa.Table, idx: pa.Array, prepared: Mapping[str, pa.Array],
+                 schema: pa.Schema, run_id: str, ingested_at_us: int) -> pa.RecordBatch:
+    """The curated table's rows of the rows `idx` of `rows`, whose prepared images'
+    fields (:data:`~udfs.images.PREPARED_TYPE`) are `prepared` (already those rows'):
+    `schema`'s columns, as :func:`etl.transforms.prepare.curated_columns` computes them
+    in Spark. The row's own columns are taken (copied): they may be slices of the whole
+    input batch as Spark sent it, which must not stay alive with them."""
+    n = len(idx)
     computed = {
         "image_size_bytes": pc.binary_length(prepared["image"]).cast(pa.int64()),
-        "run_id": pa.array([sink.run_id] * n, pa.string()),
-        "ingested_at": pa.array([sink.ingested_at_us] * n, pa.int64()).cast(
+        "run_id": pa.array([run_id] * n, pa.string()),
+        "ingested_at": pa.array([ingested_at_us] * n, pa.int64()).cast(
             pa.timestamp("us", tz="UTC")),
     }
     arrays = []
-    for field in sink.schema:
+    for field in schema:
         if field.name in computed:
             values = computed[field.name]
         elif field.name in prepared:
             values = prepared[field.name]
         else:
-            values = batch.column(field.name).take(idx)
+            values = rows.column(field.name).take(idx)
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
         arrays.append(values if values.type == field.type else values.cast(field.type))
-    return pa.RecordBatch.from_arrays(arrays, schema=sink.schema)
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def task_function(fetch, rules: Mapping, opts, sink: RowSink | None, out: pa.Schema):

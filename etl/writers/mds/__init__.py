@@ -24,9 +24,10 @@ Two things make it fast:
   ``MDSWriter.encode_sample`` produces.
 
 The package follows streaming's own split: :mod:`.codec` (sample encoding),
-:mod:`.writer` (the ``MDSWriter`` subclass), :mod:`.buckets` (aspect-ratio buckets and
-the per-bucket router), :mod:`.task` (the per-task writer), :mod:`.commit` (the
-driver-side commit), :mod:`.checksum` (partition checksums), and here the Spark glue.
+:mod:`.writer` (the MDS shard writer: the stock format, without importing torch),
+:mod:`.buckets` (aspect-ratio buckets and the per-bucket router), :mod:`.task` (the
+per-task writer), :mod:`.commit` (the driver-side commit), :mod:`.checksum` (partition
+checksums), and here the Spark glue.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def read_manifest(out_dir: str) -> dict | None:
 def warm_for(out_dir: str, rows: int) -> None:
     """`rows` rows the driver holds are about to be exported to `out_dir` (`held`): when
     the driver will likely write them -- few enough, or an increment of the export in
-    place -- start importing streaming's writer now (:func:`warm_writer`), while the
+    place -- start importing the MDS writer now (:func:`warm_writer`), while the
     caller's Spark jobs run."""
     if rows <= DRIVER_WRITE_ROWS or read_manifest(out_dir) is not None:
         warm_writer()

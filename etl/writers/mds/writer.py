@@ -1,15 +1,24 @@
-"""The MDS writer a task writes one partition (or one bucket of it) with.
+"""The MDS writer a task (or the driver) writes one partition, or one bucket of it, with.
 
-A subclass of streaming's ``MDSWriter`` that takes samples already encoded by
-:func:`etl.writers.mds.codec.encode_batch` (``jpeg`` columns as the stored JPEG bytes),
-records the sha256 of every file it stores (the partition checksum, without reading
-the files back) and writes uncompressed shards straight from its cached samples. Its
-files and ``index.json`` are byte-for-byte those of a stock ``MDSWriter`` given the
-same samples.
+:class:`PassThroughMDSWriter` writes streaming's MDS format (version 2): shard files
+``shard.NNNNN.mds`` (and ``.mds.<ext>`` compressed) and an ``index.json``, byte for
+byte what a stock ``streaming.MDSWriter`` writes given the same samples (the test
+suite checks it against the stock writer, with and without compression and hashes).
+It takes samples already encoded by :func:`etl.writers.mds.codec.encode_batch` (``jpeg``
+columns as the stored JPEG bytes), writes an uncompressed shard straight from its cached
+samples (no shard-sized copy), records the sha256 of every file it stores (the
+partition's checksum, without reading files back), and uploads through lakeshard's own
+:class:`~etl.writers.remote.S3Store`.
 
-It overrides ``MDSWriter`` internals (``flush_shard``, ``_process_file``), so it is
-tied to the streaming release pinned in ``constraints.txt``. Importing this module
-imports ``streaming`` (and torch): only the writing tasks do.
+Why not a subclass of the stock writer: importing ``streaming.MDSWriter`` imports torch
+(``streaming.base.util`` imports ``torch.distributed``), ~2-3.5 s of one core in a fresh
+process -- paid by each writing task's Python worker and, for an export the driver
+writes, by the driver while it prepares the night's images. This module imports only
+streaming's torch-free modules: the sample encodings' sizes
+(``streaming.base.format.mds.encodings``), compression and hashing, under the bare
+packages of :func:`etl.writers.mds.task._lean_streaming` (call it first in a process
+that has not imported ``streaming``). The format is the stock writer's; the
+``constraints.txt`` pin of mosaicml-streaming is the release it is checked against.
 """
 
 from __future__ import annotations
@@ -17,74 +26,174 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from streaming.base.format.mds.writer import MDSWriter
 
-__all__ = ["PassThroughMDSWriter"]
+__all__ = ["PassThroughMDSWriter", "INDEX"]
+
+INDEX = "index.json"  # streaming's get_index_basename()
+_UPLOAD_THREADS = 4
 
 
-class PassThroughMDSWriter(MDSWriter):
-    """``MDSWriter`` for pre-encoded samples (:meth:`write_encoded`), with file digests."""
+class PassThroughMDSWriter:
+    """Writes pre-encoded MDS samples (:meth:`write_encoded`) into `local`, a folder it
+    empties first, as shards of at most `size_limit` bytes; with `upload` (a function of
+    a file's name and bytes, e.g. an S3 put under the attempt's prefix) every file is
+    uploaded once written and the local folder is removed at :meth:`finish`.
 
-    file_digests: dict[str, str]
+    `columns` and `compression` / `hashes` are the stock writer's (names of streaming's
+    encodings, compression and hash algorithms): the same shard header, index and file
+    names."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.file_digests = {}
-        super().__init__(*args, **kwargs)
+    format = "mds"
+    extra_bytes_per_sample = 4  # the sample's offset in the shard header
 
-    def _process_file(self, raw_data, raw_basename, zip_basename):
-        # Hash the stored file before it is uploaded (and, remotely, deleted).
-        infos = super()._process_file(raw_data, raw_basename, zip_basename)
-        if zip_basename is None:
-            self.file_digests[raw_basename] = hashlib.sha256(raw_data).hexdigest()
-        else:
-            with open(os.path.join(self.local, zip_basename), "rb") as f:
-                self.file_digests[zip_basename] = hashlib.sha256(f.read()).hexdigest()
-        return infos
+    def __init__(self, *, local: str, columns: Mapping[str, str], size_limit: int | None,
+                 compression: str | None = None, hashes: list[str] | tuple[str, ...] = (),
+                 upload: Callable[[str, bytes], None] | None = None) -> None:
+        from streaming.base.compression import is_compression
+        from streaming.base.format.mds.encodings import (
+            get_mds_encoded_size,
+            get_mds_encodings,
+            is_mds_encoding,
+        )
+        from streaming.base.hashing import is_hash
 
-    def flush_shard(self) -> None:
-        """The stock flush joins the cached samples into one shard in memory twice
-        over, writes it, and (for our checksum) the file was read back to hash it.
-        Uncompressed and without MDS hashes, the same bytes go straight from the
-        cached samples to the file, hashed on the way: no shard-sized copy at all.
-        """
-        if self.compression or self.hashes:  # both need the whole shard in memory
-            return super().flush_shard()
-        basename, _ = self._name_next_shard()
-        samples = self.new_samples
-        offsets = np.array([0] + [len(x) for x in samples]).cumsum().astype(np.uint32)
-        offsets += 4 + offsets.nbytes + len(self.config_data)  # as encode_joint_shard
-        header = np.uint32(len(samples)).tobytes() + offsets.tobytes() + self.config_data
-        digest = hashlib.sha256(header)
-        with open(os.path.join(self.local, basename), "wb") as f:
-            f.write(header)
-            for x in samples:  # large buffers bypass the file's buffer: no copy
-                digest.update(x)
-                f.write(x)
-        self.file_digests[basename] = digest.hexdigest()
-        raw_info = {"basename": basename, "bytes": int(offsets[-1]), "hashes": {}}
-        self.shards.append({"samples": len(samples), "raw_data": raw_info,
-                            "zip_data": None, **self.get_config()})
-        future = self.executor.submit(self.cloud_writer.upload_file, basename)
-        future.add_done_callback(self.exception_callback)
+        compression = compression or None
+        if compression and not is_compression(compression):
+            raise ValueError(f"Invalid compression: {compression}.")
+        hashes = list(hashes or [])
+        if hashes != sorted(set(hashes)):
+            raise ValueError("Hashes must be unique and in sorted order.")
+        for algo in hashes:
+            if not is_hash(algo):
+                raise ValueError(f"Invalid hash: {algo}.")
+        if size_limit is not None and not 0 <= size_limit < 2 ** 32:
+            raise ValueError(f"size_limit must be in [0, 2**32), got {size_limit}")
+        self.local = local
+        self.compression = compression
+        self.hashes = hashes
+        self.size_limit = size_limit or None
+        self.column_names = sorted(columns)
+        for name in self.column_names:
+            if not is_mds_encoding(columns[name]):
+                raise TypeError(f"column {name!r}: encoding {columns[name]!r} is not one of "
+                                f"MDS's {get_mds_encodings()}")
+        self.column_encodings = [columns[n] for n in self.column_names]
+        self.column_sizes = [get_mds_encoded_size(e) for e in self.column_encodings]
+        self.config_data = json.dumps(self.get_config(), sort_keys=True).encode("utf-8")
+        self.extra_bytes_per_shard = 4 + 4 + len(self.config_data)
+        self.shards: list[dict] = []
+        self.file_digests: dict[str, str] = {}
+        self.upload = upload
+        self._uploads: list[Future] = []
+        self._executor = ThreadPoolExecutor(_UPLOAD_THREADS) if upload else None
+        if os.path.exists(local):
+            shutil.rmtree(local)
+        os.makedirs(local)
+        self._reset_cache()
+
+    def get_config(self) -> dict[str, Any]:
+        """The shard-writing configuration, as the stock writer records it in every
+        shard's header and index entry."""
+        return {"version": 2, "format": self.format, "compression": self.compression,
+                "hashes": self.hashes, "size_limit": self.size_limit,
+                "column_names": self.column_names, "column_encodings": self.column_encodings,
+                "column_sizes": self.column_sizes}
+
+    def _reset_cache(self) -> None:
+        self.new_samples: list[bytes] = []
+        self.new_shard_size = self.extra_bytes_per_shard
+
+    def write_encoded(self, data: bytes) -> None:
+        """Cache one sample encoded by ``encode_batch``; flushes a shard first when the
+        sample would take the cached one past `size_limit` (as the stock ``write``)."""
+        self._raise_failed_upload()
+        size = len(data) + self.extra_bytes_per_sample
+        if self.size_limit and self.size_limit < self.new_shard_size + size:
+            self.flush_cached()
+        self.new_samples.append(data)
+        self.new_shard_size += size
 
     def flush_cached(self) -> None:
         """Write the cached samples as a shard now (bounds the memory of many writers)."""
         self.flush_shard()
         self._reset_cache()
 
-    def write_encoded(self, data: bytes) -> None:
-        """``write`` for a sample already encoded by ``encode_batch``."""
-        if self.event.is_set():
-            self.cancel_future_jobs()
-            raise RuntimeError("an MDS upload thread failed; see the earlier traceback")
-        size = len(data) + self.extra_bytes_per_sample
-        if self.size_limit and self.size_limit < self.new_shard_size + size:
-            self.flush_cached()
-        self.new_samples.append(data)
-        self.new_shard_size += size
+    def _header(self) -> bytes:
+        samples = self.new_samples
+        offsets = np.array([0] + [len(x) for x in samples]).cumsum().astype(np.uint32)
+        offsets += 4 + offsets.nbytes + len(self.config_data)
+        return np.uint32(len(samples)).tobytes() + offsets.tobytes() + self.config_data
+
+    def flush_shard(self) -> None:
+        """Write the cached samples as the next shard file: uncompressed and without
+        MDS hashes straight from the cached samples, hashed on the way; else joined,
+        hashed and compressed as the stock writer does."""
+        raw_name = f"shard.{len(self.shards):05}.{self.format}"
+        header = self._header()
+        if not self.compression and not self.hashes:
+            digest = hashlib.sha256(header)
+            with open(os.path.join(self.local, raw_name), "wb") as f:
+                f.write(header)
+                for x in self.new_samples:  # large buffers bypass the file's buffer
+                    digest.update(x)
+                    f.write(x)
+            raw_info = {"basename": raw_name, "bytes": int(len(header) + sum(
+                len(x) for x in self.new_samples)), "hashes": {}}
+            self._stored(raw_name, digest.hexdigest(), None)
+            zip_info = None
+        else:
+            raw_info, zip_info = self._joint_shard(raw_name, header)
+        self.shards.append({"samples": len(self.new_samples), "raw_data": raw_info,
+                            "zip_data": zip_info, **self.get_config()})
+
+    def _joint_shard(self, raw_name: str, header: bytes) -> tuple[dict, dict | None]:
+        from streaming.base.compression import compress, get_compression_extension
+
+        raw = header + b"".join(self.new_samples)
+        raw_info = self._file_info(raw, raw_name)
+        if not self.compression:
+            data, name, zip_info = raw, raw_name, None
+        else:
+            name = f"{raw_name}.{get_compression_extension(self.compression)}"
+            data = compress(self.compression, raw)
+            zip_info = self._file_info(data, name)
+        with open(os.path.join(self.local, name), "wb") as f:
+            f.write(data)
+        self._stored(name, hashlib.sha256(data).hexdigest(), data)
+        return raw_info, zip_info
+
+    def _file_info(self, data: bytes, name: str) -> dict:
+        from streaming.base.hashing import get_hash
+
+        return {"basename": name, "bytes": len(data),
+                "hashes": {algo: get_hash(algo, data) for algo in self.hashes}}
+
+    def _stored(self, name: str, digest: str, data: bytes | None) -> None:
+        """Record a written file's digest; upload it (from `data`, else read back)."""
+        self.file_digests[name] = digest
+        if self._executor is not None:
+            self._uploads.append(self._executor.submit(self._upload_file, name, data))
+
+    def _upload_file(self, name: str, data: bytes | None) -> None:
+        path = os.path.join(self.local, name)
+        if data is None:
+            with open(path, "rb") as f:
+                data = f.read()
+        self.upload(name, data)
+        os.remove(path)
+
+    def _raise_failed_upload(self) -> None:
+        for future in self._uploads:
+            if future.done() and future.exception() is not None:
+                self._executor.shutdown(wait=False, cancel_futures=True)
+                raise RuntimeError(f"an MDS upload failed: {future.exception()}") \
+                    from future.exception()
 
     def index(self) -> dict:
         """The index.json this writer writes (call after `finish`)."""
@@ -92,5 +201,31 @@ class PassThroughMDSWriter(MDSWriter):
 
     def digests(self) -> dict[str, str]:
         """sha256 of every file written (call after `finish`), index.json included."""
-        index = json.dumps(self.index(), sort_keys=True).encode()
-        return {**self.file_digests, "index.json": hashlib.sha256(index).hexdigest()}
+        return dict(self.file_digests)
+
+    def finish(self) -> None:
+        """Flush the last shard, write index.json; with `upload`, wait for every
+        upload (raising the first that failed) and remove the local folder."""
+        if self.new_samples:
+            self.flush_cached()
+        text = json.dumps(self.index(), sort_keys=True)
+        with open(os.path.join(self.local, INDEX), "w") as f:
+            f.write(text)
+        self._stored(INDEX, hashlib.sha256(text.encode()).hexdigest(), text.encode())
+        if self._executor is None:
+            return
+        try:
+            for future in self._uploads:
+                future.result()
+        finally:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        shutil.rmtree(self.local, ignore_errors=True)
+
+    def __enter__(self) -> PassThroughMDSWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.finish()
+        elif self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
