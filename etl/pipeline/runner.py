@@ -47,7 +47,7 @@ from etl.runtime.lock import RunLock
 from etl.runtime.outcome import RunOutcome
 from etl.runtime.progress import EventsFile, StageProgress, console_mode, event, say
 from etl.runtime.stage import RunContext, StageResult
-from etl.runtime.warm import import_in_background
+from etl.runtime.warm import import_in_background, warm_local_frames
 from etl.writers.remote import is_remote
 from udfs.faults import RAISE_ENV
 
@@ -376,6 +376,7 @@ def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome,
              summary: bool) -> None:
     _warm(cfg, stages, ctx, report=summary and cfg.run.report)
     spark = _start_spark(cfg, out)
+    warm_local_frames(spark)
     warming = registration.warm_catalog(spark, cfg)
     run = _Run(spark, cfg, ctx, out, stages, summary)
     started = run.begin(stages[0].name)
