@@ -124,3 +124,27 @@ def test_without_a_caption_version_the_sheet_shows_the_source_caption(columns, s
     from etl.report.html import _sheet_caption
 
     assert _sheet_caption(report_data.sheet_caption(versions)) == shown
+
+
+def test_a_report_drafted_while_the_export_runs_is_the_report_written_after_it(
+        tmp_path, monkeypatch):
+    """The runner starts the report's table part on a thread while a last stage that
+    keeps the tables runs (the export), and adds the run's part once it has ended: the
+    page, report.json and the figures are those of a report written in one go."""
+    from etl.report import ReportDraft, write_report
+
+    cfg = make_config(tmp_path, run={"report_samples": 4})
+    _curated(tables.layout(cfg).curated)
+    monkeypatch.setattr(report_data, "_rejects_counts", lambda *a: None)
+    outcome = RunOutcome(run_id="r1", stages=["curate", "export"])
+    drafted, whole = tmp_path / "drafted", tmp_path / "whole"
+    draft = ReportDraft(None, cfg, outcome, str(drafted), ("g", "report"))
+    outcome.seconds.update({"curate": 3.0, "export": 1.5})  # the export ran meanwhile
+    write_report(None, cfg, outcome, str(drafted), draft)
+    write_report(None, cfg, outcome, str(whole))
+    assert (drafted / "index.html").read_text() == (whole / "index.html").read_text()
+    meta = json.loads((drafted / "report.json").read_text())
+    assert meta == json.loads((whole / "report.json").read_text())
+    assert list(meta["figures"])[:7] == list(figures.CHARTS)
+    assert sorted(p.name for p in drafted.rglob("*")) == sorted(p.name for p in whole.rglob("*"))
+    assert meta["seconds"] == {"curate": 3.0, "export": 1.5}

@@ -310,7 +310,7 @@ def test_a_small_local_table_is_read_on_the_driver_as_spark_tasks_read_it(
         return df, sorted(tuple(r) for r in df.collect())
 
     here, rows_here = read()
-    monkeypatch.setattr(file_table, "DRIVER_READ_BYTES", -1)
+    monkeypatch.setattr(file_table, "DRIVER_REF_BYTES", -1)  # parquet: listed by reference
     in_tasks, rows_in_tasks = read()
     # On the driver: local data, no Python worker in the plan; above the bound: tasks.
     assert is_local(here) and not is_local(in_tasks)

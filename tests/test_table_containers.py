@@ -48,7 +48,7 @@ def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
     tasks and compared with those rows, and compared by Spark's join with the manifest's
     snapshot (``driver.scan_rows: 0``)."""
     scan_rows = 0 if way == "spark-join" else None
-    monkeypatch.setattr(file_table, "DRIVER_READ_BYTES", -1)  # listed in Spark's tasks
+    monkeypatch.setattr(file_table, "DRIVER_REF_BYTES", -1)  # listed in Spark's tasks
     here = []  # per comparison: whether the driver answered it
     compared_here = source_diff._compared_here
     monkeypatch.setattr(source_diff, "_compared_here", lambda *a, **k: here.append(
@@ -95,7 +95,7 @@ def test_unchanged_table_files_are_not_opened_and_removals_come_out_right(
     if way == "files-read-here":  # b and d within the bound, as the table was not
         bound = sum((folder / f"{n}.parquet").stat().st_size for n in "bd")
         assert bound < first_bytes
-        monkeypatch.setattr(file_table, "DRIVER_READ_BYTES", bound)
+        monkeypatch.setattr(file_table, "DRIVER_REF_BYTES", bound)
     (second,) = curate(spark, cfg, "night-2").counts
     assert [d is not None for d in here] == ([True] if scan_rows is None else [])
     assert [d.in_driver for d in here] == ([True] if way == "files-read-here" else

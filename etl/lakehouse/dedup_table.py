@@ -299,11 +299,15 @@ class DedupTable:
         return self.read().where("NOT is_canonical").select("sample_id"), None
 
     def canonical_changes(self, since: int) -> tuple[dict[str, bool], dict[str, bool]] | None:
-        """``is_canonical`` by id of every row in a file added since Delta version
-        `since` (now) and in every file removed since (then), read by delta-rs from those
-        files alone: a row whose status changed, that arrived or that left is in one or
-        both. None when that cannot be told from the files (`since` no longer readable,
-        its files vacuumed, deletion vectors, a table delta-rs cannot read)."""
+        """``is_canonical`` by id of the rows in a file added since Delta version
+        `since` (now) and in a file removed since (then), read by delta-rs from those
+        files alone, less the rows in both with the same status (a file rewritten
+        around a few changed rows holds every other row again, unchanged): a row whose
+        status changed, that arrived or that left is in one or both. None when that
+        cannot be told from the files (`since` no longer readable, its files vacuumed,
+        deletion vectors, a table delta-rs cannot read)."""
+        import pyarrow as pa
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError
@@ -326,16 +330,24 @@ class DedupTable:
             fs = subtree(url)
             new, old = files["now"], files["then"]
 
-            def status(paths: set[str]) -> dict[str, bool]:
-                out: dict[str, bool] = {}
-                for rel in sorted(paths):
-                    t = pq.read_table(rel, columns=["sample_id", "is_canonical"],
-                                      filesystem=fs)
-                    out.update(zip(t.column(0).to_pylist(), t.column(1).to_pylist(),
-                                   strict=True))
-                return out
+            def status(paths: set[str]) -> pa.Table:
+                parts = [pq.read_table(rel, columns=["sample_id", "is_canonical"],
+                                       filesystem=fs) for rel in sorted(paths)]
+                return pa.concat_tables(parts) if parts else pa.table(
+                    {"sample_id": pa.array([], pa.string()),
+                     "is_canonical": pa.array([], pa.bool_())})
 
-            return status(new - old), status(old - new)
+            added, removed = status(new - old), status(old - new)
+            both = added.join(removed.rename_columns(["sample_id", "then"]), "sample_id",
+                              join_type="inner")
+            same = both.filter(pc.equal(both.column("is_canonical"), both.column("then")))
+            kept = pc.invert(pc.is_in(added.column("sample_id"), same.column("sample_id")))
+            left = pc.invert(pc.is_in(removed.column("sample_id"), same.column("sample_id")))
+
+            def by_id(t: pa.Table) -> dict[str, bool]:
+                return dict(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
+
+            return by_id(added.filter(kept)), by_id(removed.filter(left))
         except (DeltaError, OSError) as exc:
             log.info("dedup: changes since version %d unreadable (%s)", since, exc)
             return None

@@ -346,9 +346,9 @@ def _prepare_here(cfg: Config, prepare_rows: int) -> int:
     """The new records a night prepares on the driver when its listing was read here:
     ``driver.prepare_rows``, or up to :data:`LOCAL_COLLECT_ROWS` when every source's
     records embed their images in the local table files just read -- their bytes are
-    then within :data:`~etl.config.bounds.DRIVER_READ_BYTES`, whatever the count (a
-    night's new file of small images). ``driver.prepare_rows: 0`` keeps every night in
-    Spark's tasks."""
+    then within :data:`~etl.config.bounds.DRIVER_REF_BYTES`, whatever the count (a
+    night's new file of small images), read again a row group at a time.
+    ``driver.prepare_rows: 0`` keeps every night in Spark's tasks."""
     if prepare_rows and all(adapter_for(s.kind).names_rows(s) for s in cfg.sources):
         return max(prepare_rows, LOCAL_COLLECT_ROWS)
     return prepare_rows

@@ -170,6 +170,15 @@ class _Run:
                      "code_version": ledger.code_version(), "host": socket.gethostname()}
         self.started = ledger.utcnow()
         self.t0 = time.monotonic()
+        self.draft = None  # the report's table part, once started (draft_report)
+
+    def draft_report(self, remaining: list[Stage]) -> None:
+        """Start the report's table part on a thread when every stage left to run
+        leaves the tables it reads as they are (:attr:`Stage.keeps_tables`): it is
+        made while they run instead of after them."""
+        if (self.draft is None and self.summary and self.cfg.run.report
+                and all(s.keeps_tables for s in remaining)):
+            self.draft = _draft_report(self.spark, self.cfg, self.out)
 
     def row(self, stage: str, status: str, started=None, **more) -> dict:
         return ledger.transition(self.base, stage, status, started or self.started, **more)
@@ -239,7 +248,7 @@ class _Run:
         ])
         if failure.report and self.summary:
             try:
-                _write_report(self.spark, self.cfg, out)
+                _write_report(self.spark, self.cfg, out, self.draft)
             except Exception as exc:  # noqa: BLE001 -- the budget is the failure to tell
                 log.warning("the report of failed run %s could not be written: %s: %s",
                             run_id, type(exc).__name__, exc)
@@ -252,7 +261,7 @@ class _Run:
         out = self.out
         if self.summary:
             try:
-                _write_report(self.spark, self.cfg, out)
+                _write_report(self.spark, self.cfg, out, self.draft)
             except Exception as exc:  # noqa: BLE001 -- summary.json or its upload: recorded
                 out.report_error = out.report_error or f"{type(exc).__name__}: {exc}"[:2000]
                 log.error("the summary of run %s could not be written (the run's stages "
@@ -381,6 +390,7 @@ def _execute(cfg: Config, stages: list[Stage], ctx: RunContext, out: RunOutcome,
     run = _Run(spark, cfg, ctx, out, stages, summary)
     started = run.begin(stages[0].name)
     for i, stage in enumerate(stages):
+        run.draft_report(stages[i:])
         t0 = time.monotonic()
         try:
             result = _call_stage(spark, cfg, ctx, stage)
@@ -447,9 +457,25 @@ def _upload_events(local: str, final: str) -> None:
         shutil.rmtree(os.path.dirname(local), ignore_errors=True)
 
 
-def _write_report(spark, cfg: Config, out: RunOutcome) -> None:
+def _report_dir(cfg: Config, run_id: str) -> str:
+    """Where the report is written: its folder under the root, or a local folder
+    uploaded there when the root is an object store."""
+    final_dir = tables.layout(cfg).report_dir(run_id)
+    return tempfile.mkdtemp(prefix="lakeshard-report-") if is_remote(final_dir) else final_dir
+
+
+def _draft_report(spark, cfg: Config, out: RunOutcome):
+    """The report's table part started on a thread (:class:`etl.report.ReportDraft`)."""
+    from etl.report import ReportDraft
+
+    return ReportDraft(spark, cfg, out, _report_dir(cfg, out.run_id),
+                       (f"lakeshard-{out.run_id}-report", f"lakeshard report (run {out.run_id})"))
+
+
+def _write_report(spark, cfg: Config, out: RunOutcome, draft=None) -> None:
     """The report and summary.json, written locally, then uploaded when the root is an
     object store (etl.writers.remote, the same S3 settings as every other client).
+    `draft`: the report's table part, started while the last stages ran (its folder).
 
     The stages have committed by now, so a report that cannot be drawn fails nothing:
     the error is logged with its traceback, kept in ``out.report_error`` (summary.json,
@@ -458,11 +484,11 @@ def _write_report(spark, cfg: Config, out: RunOutcome) -> None:
 
     final_dir = tables.layout(cfg).report_dir(out.run_id)
     remote = is_remote(final_dir)
-    report_dir = tempfile.mkdtemp(prefix="lakeshard-report-") if remote else final_dir
+    report_dir = draft.out_dir if draft is not None else _report_dir(cfg, out.run_id)
     try:
         if cfg.run.report:
             try:
-                _draw_report(spark, cfg, out, report_dir, final_dir)
+                _draw_report(spark, cfg, out, report_dir, final_dir, draft)
             except Exception as exc:  # noqa: BLE001 -- recorded; the stages committed
                 out.report_error = f"{type(exc).__name__}: {exc}"[:2000]
                 log.error("the report of run %s could not be written (the run's stages "
@@ -479,15 +505,15 @@ def _write_report(spark, cfg: Config, out: RunOutcome) -> None:
             shutil.rmtree(report_dir, ignore_errors=True)
 
 
-def _draw_report(spark, cfg: Config, out: RunOutcome, report_dir: str, final_dir: str
-                 ) -> None:
+def _draw_report(spark, cfg: Config, out: RunOutcome, report_dir: str, final_dir: str,
+                 draft=None) -> None:
     from etl.report import write_report
 
     sc = spark.sparkContext
     t0 = time.monotonic()
     sc.setJobGroup(f"lakeshard-{out.run_id}-report", f"lakeshard report (run {out.run_id})")
     try:
-        index = write_report(spark, cfg, out, report_dir)
+        index = write_report(spark, cfg, out, report_dir, draft)
     finally:
         sc.setLocalProperty("spark.jobGroup.id", None)
         sc.setJobDescription(None)

@@ -60,6 +60,8 @@ class Stage(Generic[D, Opts]):
     details: str | None = None  # the command's --help paragraph, where one line is not enough
     warm: Hook | None = None  # imports the stage will need, started on a thread
     # (etl.runtime.warm; when: the runner's _warm)
+    keeps_tables: bool = False  # leaves the tables the run's report reads (curated,
+    # rejects, dedup) as they are: the report's table part is made while it runs
 
     def printer(self) -> Callable[[Config, Opts, StageResult[D]], str]:
         """What the command prints (`render`); a ValueError for a pipeline stage."""
@@ -92,12 +94,13 @@ class StageRegistry:
             description: str, *, check: Hook | None = None,
             options: type[Opts] | None = None,
             render: Callable[[Config, Opts, StageResult[D]], str] | None = None,
-            details: str | None = None, warm: Hook | None = None) -> None:
+            details: str | None = None, warm: Hook | None = None,
+            keeps_tables: bool = False) -> None:
         """One stage (see :class:`Stage`)."""
         if name in self.names():
             raise ValueError(f"stage {name!r} is registered twice")
         self._stages.append(Stage(name, run, description, check, options, render, details,
-                                  warm))
+                                  warm, keeps_tables))
 
     def names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self._stages)
@@ -140,7 +143,7 @@ STAGES.add("caption", caption.stage,
            "add a caption version (VLM re-captioning) to the curated table",
            check=caption.check, options=caption.CaptionOptions, render=caption.render)
 STAGES.add("export", export.stage, "export the curated table to MDS",
-           check=check_exports, warm=export.warm)
+           check=check_exports, warm=export.warm, keeps_tables=True)
 
 # Commands that change the curated table outside `lakeshard run`.
 COMMANDS = StageRegistry()

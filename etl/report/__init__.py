@@ -32,6 +32,8 @@ the report.
 from __future__ import annotations
 
 import os
+import threading
+from typing import TYPE_CHECKING
 
 from etl import tables
 from etl.config import Config
@@ -41,33 +43,86 @@ from etl.report.data import (
     ReportData,
     caption_versions,
     dedup_summary,
-    read_report,
+    read_tables,
+    with_run,
 )
 from etl.report.layout import INDEX, scrub_reports, write_meta
 from etl.runtime.outcome import RunOutcome
 
-__all__ = ["write_report", "scrub_reports", "caption_versions", "dedup_summary",
+if TYPE_CHECKING:
+    from etl.report.figures import Drawn
+
+__all__ = ["write_report", "ReportDraft", "scrub_reports", "caption_versions", "dedup_summary",
            "DedupSummary", "LABEL_CHARS"]
 
 
-def write_report(spark, cfg: Config, outcome: RunOutcome, out_dir: str | None = None) -> str:
+def write_report(spark, cfg: Config, outcome: RunOutcome, out_dir: str | None = None,
+                 draft: ReportDraft | None = None) -> str:
     """Write the report of the run `outcome` into `out_dir`
     (default ``<root>/reports/<run_id>``, a local path); returns its index.html. Every
-    figure is drawn with source text as plain text."""
+    figure is drawn with source text as plain text. `draft`: its table part, read and
+    drawn already (into the same folder) while the run's last stage ran."""
     import matplotlib
 
-    from etl.report.figures import PLAIN_TEXT, draw_figures
+    from etl.report.figures import PLAIN_TEXT, draw_run_figures, draw_table_figures
     from etl.report.html import dedup_json, page
 
     out_dir = out_dir or tables.layout(cfg).report_dir(outcome.run_id)
-    data = read_report(spark, cfg, outcome)
+    if draft is not None and draft.out_dir == out_dir:
+        part, table_figures = draft.result()
+    else:
+        part = read_tables(spark, cfg, outcome)
+        with matplotlib.rc_context(PLAIN_TEXT):
+            table_figures = draw_table_figures(part, out_dir)
+    data = with_run(part, outcome)
     with matplotlib.rc_context(PLAIN_TEXT):
-        drawn = draw_figures(data, out_dir)
+        drawn = draw_run_figures(data, out_dir, table_figures)
     index = os.path.join(out_dir, INDEX)
     with open(index, "w", encoding="utf-8") as f:
         f.write(page(data, drawn))
     write_meta(out_dir, _meta(data, drawn, dedup_json(data, drawn)))
     return index
+
+
+class ReportDraft:
+    """The report's table part -- its data read from the tables and the figures they
+    alone decide (:func:`~etl.report.figures.draw_table_figures`) -- made on a thread
+    while the run's last stages run, when they leave the tables the report reads as
+    they are (the export writes only its MDS folder): what :func:`write_report` then
+    adds is the run's own part (its stages, timings and exports). `group`: the Spark
+    job group of whatever Spark job the read needs (a table delta-rs cannot read)."""
+
+    def __init__(self, spark, cfg: Config, outcome: RunOutcome, out_dir: str,
+                 group: tuple[str, str]) -> None:
+        self.out_dir = out_dir
+        self._result: tuple[ReportData, Drawn] | None = None
+        self._error: BaseException | None = None
+
+        def run() -> None:
+            import matplotlib
+
+            from etl.report.figures import PLAIN_TEXT, draw_table_figures
+
+            if spark is not None:
+                spark.sparkContext.setJobGroup(*group)
+            try:
+                part = read_tables(spark, cfg, outcome)
+                with matplotlib.rc_context(PLAIN_TEXT):
+                    self._result = part, draw_table_figures(part, out_dir)
+            except BaseException as exc:  # noqa: BLE001 -- raised again by result()
+                self._error = exc
+
+        self._thread = threading.Thread(target=run, name="lakeshard-report-draft",
+                                        daemon=True)
+        self._thread.start()
+
+    def result(self) -> tuple[ReportData, Drawn]:
+        """The table part, once made; what the thread raised, raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
 
 
 def _meta(data: ReportData, drawn, dedup: dict | None) -> dict:

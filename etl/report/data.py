@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -28,7 +28,8 @@ from etl.lakehouse.dedup_table import DEDUP_CURATED_VERSION, DedupTable
 from etl.runtime.outcome import RunOutcome
 from udfs.outcomes import INTERNAL_ERROR
 
-__all__ = ["ReportData", "DedupSummary", "read_report", "caption_versions", "sheet_caption",
+__all__ = ["ReportData", "DedupSummary", "read_report", "read_tables", "with_run",
+           "caption_versions", "sheet_caption",
            "dedup_summary", "largest_clusters", "LABEL_CHARS", "SOURCE_CAPTION", "STATUSES"]
 
 _META = ["sample_id", "source", "width", "height", "aspect_ratio", "keep", "filter_reason",
@@ -382,6 +383,13 @@ class ReportData:
 
 def read_report(spark, cfg: Config, outcome: RunOutcome) -> ReportData:
     """The report's data for the run `outcome` (the tables as the run left them)."""
+    return with_run(read_tables(spark, cfg, outcome), outcome)
+
+
+def read_tables(spark, cfg: Config, outcome: RunOutcome) -> ReportData:
+    """The report's data that the tables decide (`outcome`: the run, for its id; its
+    stages' results are read by :func:`with_run`): readable while a last stage that
+    leaves those tables as they are (the export) still runs."""
     import lance
 
     paths = tables.layout(cfg)
@@ -399,11 +407,18 @@ def read_report(spark, cfg: Config, outcome: RunOutcome) -> ReportData:
     if ds is not None and n:
         kept = contact_rows(ds, meta, caption_col, n, seed, True)
         flagged = contact_rows(ds, meta, None, n, seed, False)
-    run_rows, stage_rows, exports = run_tables(outcome)
     return ReportData(
         run_id=outcome.run_id, outcome=outcome, curated_path=paths.curated,
         dedup_path=paths.dedup, curated_version=ds.version if ds is not None else None,
         curated_rows=ds.count_rows() if ds is not None else 0, status=status,
         reasons=reasons, meta=meta, versions=versions, sampled=sampled, dedup=dedup,
-        kept=kept, flagged=flagged, clusters=cluster_rows(ds, dedup), run_rows=run_rows,
-        stage_rows=stage_rows, exports=exports, captions=caption_rows(meta, versions))
+        kept=kept, flagged=flagged, clusters=cluster_rows(ds, dedup), run_rows=[],
+        stage_rows=[], exports=[], captions=caption_rows(meta, versions))
+
+
+def with_run(data: ReportData, outcome: RunOutcome) -> ReportData:
+    """`data` (:func:`read_tables`) with the run's own tables from `outcome`, as the run
+    ended: its accounting per source, its stages and its exports."""
+    run_rows, stage_rows, exports = run_tables(outcome)
+    return replace(data, outcome=outcome, run_rows=run_rows, stage_rows=stage_rows,
+                   exports=exports)

@@ -27,7 +27,8 @@ from etl.report import sheets
 from etl.report.data import DedupSummary, ReportData
 from etl.report.layout import THUMBS
 
-__all__ = ["draw_figures", "Drawn", "PLAIN_TEXT", "CHARTS", "tight_box", "save_chart"]
+__all__ = ["draw_figures", "draw_table_figures", "draw_run_figures", "Drawn", "PLAIN_TEXT",
+           "CHARTS", "RUN_CHARTS", "tight_box", "save_chart"]
 
 _COLORS = {"kept": "#2e7d32", "flagged": "#f9a825", "rejected": "#c62828",
            "errors": "#6a1b9a"}
@@ -187,11 +188,18 @@ class Drawn:
     clusters: list[list[dict]]
 
 
-def draw_figures(data: ReportData, out_dir: str) -> Drawn:
-    """Every figure of `data` into `out_dir` (thumbnails into its ``thumbs/``)."""
+# The charts drawn from this run's outcome (its stages' timings); the others, and the
+# contact sheets, are drawn from the tables alone (draw_table_figures).
+RUN_CHARTS = ("timings",)
+
+
+def draw_table_figures(data: ReportData, out_dir: str) -> Drawn:
+    """The figures of `data` that the tables alone decide -- every chart but
+    :data:`RUN_CHARTS`, the contact sheets -- into `out_dir` (thumbnails into its
+    ``thumbs/``)."""
     os.makedirs(os.path.join(out_dir, THUMBS), exist_ok=True)
     figures = {key: save_chart(draw(data), out_dir, name)
-               for key, (name, draw) in CHARTS.items()}
+               for key, (name, draw) in CHARTS.items() if key not in RUN_CHARTS}
     kept = sheets.thumbnails(data.kept, out_dir)
     flagged = sheets.thumbnails(data.flagged, out_dir)
     clusters = [sheets.thumbnails(c, out_dir) for c in data.clusters]
@@ -202,3 +210,18 @@ def draw_figures(data: ReportData, out_dir: str) -> Drawn:
     figures["contact_duplicates"] = sheets.save_png(
         sheets.clusters_sheet(clusters), out_dir, "contact_duplicates.png")
     return Drawn(figures, kept, flagged, clusters)
+
+
+def draw_run_figures(data: ReportData, out_dir: str, drawn: Drawn) -> Drawn:
+    """`drawn` (:func:`draw_table_figures`) with the :data:`RUN_CHARTS` of `data`'s
+    outcome, every chart in :data:`CHARTS` order, then the contact sheets."""
+    run = {key: save_chart(CHARTS[key][1](data), out_dir, CHARTS[key][0])
+           for key in RUN_CHARTS}
+    figures = {key: run[key] if key in run else drawn.figures[key] for key in CHARTS}
+    figures.update((k, v) for k, v in drawn.figures.items() if k not in CHARTS)
+    return Drawn(figures, drawn.kept, drawn.flagged, drawn.clusters)
+
+
+def draw_figures(data: ReportData, out_dir: str) -> Drawn:
+    """Every figure of `data` into `out_dir` (thumbnails into its ``thumbs/``)."""
+    return draw_run_figures(data, out_dir, draw_table_figures(data, out_dir))

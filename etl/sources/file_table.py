@@ -47,7 +47,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 
 from etl.config import ConfigError, SourceConfig
-from etl.config.bounds import DRIVER_READ_BYTES
+from etl.config.bounds import DRIVER_IDS, DRIVER_READ_BYTES, DRIVER_REF_BYTES
 from etl.sources.base import FLAG_KEYS, SourceAdapter, is_local_path, require_exists
 from etl.sources.listing import expand_pattern, fingerprint, is_pattern, listing_digest
 from etl.sources.records import (
@@ -240,10 +240,31 @@ _UNIT_FIELDS = ("uri", "format", "problem", "problem_detail")
 
 
 def _read_in_driver(files: list[tuple]) -> bool:
-    """Whether a table's files are read on the driver: all local, together within
-    :data:`~etl.config.bounds.DRIVER_READ_BYTES`."""
-    return bool(files) and all(f[0].startswith("file:") for f in files) and sum(
-        f[4] for f in files) <= DRIVER_READ_BYTES
+    """Whether a table's files are read on the driver: all local, the JSONL and CSV
+    files together within :data:`~etl.config.bounds.DRIVER_READ_BYTES`, the parquet
+    files (listed by reference: no image carried) within
+    :data:`~etl.config.bounds.DRIVER_REF_BYTES` and, by their footers, at most
+    :data:`~etl.config.bounds.DRIVER_IDS` rows (a listing is Python work per row: a
+    long URL list is faster in Spark's tasks, one per core)."""
+    if not files or not all(f[0].startswith("file:") for f in files):
+        return False
+    parquet = [f for f in files if f[1] == "parquet" and f[2] is None]
+    refs = sum(f[4] for f in parquet)
+    if refs > DRIVER_REF_BYTES or sum(f[4] for f in files) - refs > DRIVER_READ_BYTES:
+        return False
+    return sum(_footer_rows(f[0]) for f in parquet) <= DRIVER_IDS
+
+
+def _footer_rows(uri: str) -> int:
+    """A local parquet file's rows by its footer; 0 when it cannot say (its read
+    rejects it, as in the tasks)."""
+    import pyarrow.parquet as pq
+
+    try:
+        with _open(uri) as fh:
+            return pq.ParquetFile(fh).metadata.num_rows
+    except (OSError, ValueError, pa.ArrowException):
+        return 0
 
 
 def _peek_columns(path: str, fmt: str) -> list[str] | None:
