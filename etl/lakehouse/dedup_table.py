@@ -330,12 +330,14 @@ class DedupTable:
             fs = subtree(url)
             new, old = files["now"], files["then"]
 
+            plain = pa.schema([("sample_id", pa.string()), ("is_canonical", pa.bool_())])
+
             def status(paths: set[str]) -> pa.Table:
-                parts = [pq.read_table(rel, columns=["sample_id", "is_canonical"],
-                                       filesystem=fs) for rel in sorted(paths)]
-                return pa.concat_tables(parts) if parts else pa.table(
-                    {"sample_id": pa.array([], pa.string()),
-                     "is_canonical": pa.array([], pa.bool_())})
+                # As plain strings: delta-rs may write string views, which Arrow's
+                # join takes no key of.
+                return pa.concat_tables([plain.empty_table()] + [pq.read_table(
+                    rel, columns=["sample_id", "is_canonical"], filesystem=fs).cast(plain)
+                    for rel in sorted(paths)])
 
             added, removed = status(new - old), status(old - new)
             both = added.join(removed.rename_columns(["sample_id", "then"]), "sample_id",
