@@ -340,7 +340,7 @@ class RunConfig(Section):
     # <root>/reports/<run_id>/index.html + PNGs after each run.
     report: bool = True
     report_samples: Annotated[int, Field(ge=0, le=500)] = 24  # images per contact sheet
-    report_max_rows: Annotated[int, Field(ge=100)] = 200_000  # histogram sample size
+    report_max_rows: Annotated[int, Field(ge=100)] = 50_000  # histogram sample size
     # Console progress of running Spark stages, every this many seconds (0: off; then
     # Spark's own console progress bar is on instead).
     progress_interval_s: Annotated[float, Field(ge=0)] = 10.0

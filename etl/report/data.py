@@ -32,8 +32,7 @@ __all__ = ["ReportData", "DedupSummary", "read_report", "read_tables", "with_run
            "caption_versions", "sheet_caption",
            "dedup_summary", "largest_clusters", "LABEL_CHARS", "SOURCE_CAPTION", "STATUSES"]
 
-_META = ["sample_id", "source", "width", "height", "aspect_ratio", "keep", "filter_reason",
-         "image_sha256", "dhash"]
+_META = ["sample_id", "source", "width", "height", "aspect_ratio", "keep", "filter_reason"]
 # Corpus-wide counts: curated rows by source and status, rejects by source and reason.
 _STATUS_COLUMNS = ("source", "keep", "filter_reason")
 _REJECT_COLUMNS = ("source", "reason")
