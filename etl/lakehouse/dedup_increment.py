@@ -226,16 +226,22 @@ def _signed(v: int) -> int:
 def scan_rows(table, columns: list[str], keep) -> list[dict]:
     """The rows of `table` (a pyarrow dataset or Arrow table) for which `keep(batch)` (a
     boolean mask) holds, batch by batch: only those rows are materialised."""
+    out: list[dict] = []
+    for batch in _batches(table, columns):
+        out.extend(batch.filter(keep(batch)).to_pylist())
+    return out
+
+
+def _batches(table, columns: list[str]):
+    """`table`'s `columns` (a pyarrow dataset or Arrow table), batch by batch, string
+    views as plain strings."""
     import pyarrow as pa
 
     batches = (table.select(columns).to_batches() if isinstance(table, pa.Table)
                else table.to_batches(columns=columns))
-    out: list[dict] = []
     for batch in batches:
         if batch.num_rows:
-            batch = _plain(batch)
-            out.extend(batch.filter(keep(batch)).to_pylist())
-    return out
+            yield _plain(batch)
 
 
 def _plain(batch):
@@ -257,8 +263,9 @@ def _stored_local(table, masks: list[int], buckets: dict[tuple[int, int], list[i
     """:func:`stored_lookup` on the driver, over the table's files (a pyarrow dataset,
     e.g. delta-rs's; or an Arrow table) read batch by batch: the rows with an LSH key of
     a new hash, an id, or a cluster named after an id are kept (vectorised compute),
-    measured, and then the members of their clusters of two or more are read the same
-    way. Only the matching rows are materialised."""
+    measured, and then the members of their clusters of two or more are taken from the
+    rows of clusters of two or more that the same pass kept (one read of the table).
+    Only the matching rows become Python rows."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -276,16 +283,23 @@ def _stored_local(table, masks: list[int], buckets: dict[tuple[int, int], list[i
         return hit
 
     columns = list(ASSIGNMENT_COLUMNS)
-    candidates = scan_rows(table, columns, keyed)
+    candidates: list[dict] = []
+    clustered: list[pa.RecordBatch] = []  # rows of clusters of two or more
+    for batch in _batches(table, columns):
+        candidates.extend(batch.filter(keyed(batch)).to_pylist())
+        clustered.append(batch.filter(pc.greater(batch["cluster_size"], 1)))
     first = [r for r in candidates if r["sample_id"] in ids or r["dup_cluster_id"] in ids
              or _near(r["dhash"], buckets, masks, threshold)]
     prior = {r["sample_id"]: r for r in first}
-    # A cluster of one is its row alone: only larger clusters are read for members.
+    # A cluster of one is its row alone (in `first` already when an id names it): the
+    # members of larger clusters are among the rows kept above.
     clusters = pa.array(sorted({r["dup_cluster_id"] for r in first
                                 if r["cluster_size"] > 1 or r["sample_id"] in ids}),
                         pa.string())
-    members = scan_rows(table, columns, lambda b: pc.is_in(b["dup_cluster_id"], clusters)) \
-        if len(clusters) else []
+    members = []
+    if len(clusters) and clustered:
+        kept = pa.Table.from_batches(clustered)
+        members = kept.filter(pc.is_in(kept["dup_cluster_id"], clusters)).to_pylist()
     for r in members:
         prior.setdefault(r["sample_id"], r)
     return StoredRows(prior, len(candidates) + len(members))
