@@ -470,3 +470,51 @@ def test_rows_the_driver_holds_export_as_spark_exports_them(spark, tmp_path, mon
     here = export("held-plain", 3, held=True)
     assert written_here == [] and here == replace(spark_side, path=here.path)
     assert _files(str(tmp_path / "held-plain")) == _files(str(tmp_path / "spark-plain"))
+
+
+def test_the_writer_uploads_each_file_once_written_and_cleans_up_when_an_upload_fails(
+        tmp_path):
+    """With an upload function (an S3 upload in the tasks), every file -- shards, then
+    index.json -- is handed over from its path, with the bytes the digests describe, and
+    deleted; the local folder goes at the end. An upload that fails fails the write
+    (finish raises it) and still leaves no local folder behind."""
+    import hashlib
+    import threading
+
+    import pyarrow as pa
+
+    from etl.writers.mds import encode_batch
+    from etl.writers.mds.writer import PassThroughMDSWriter
+
+    columns = {"sample_id": "str", "blob": "bytes"}
+    batch = pa.record_batch({"sample_id": [f"s{i}" for i in range(40)],
+                             "blob": [bytes([i]) * 5000 for i in range(40)]})
+    got, lock = {}, threading.Lock()
+
+    def upload(name, path):
+        with open(path, "rb") as f:
+            data = f.read()
+        with lock:
+            got[name] = data
+
+    local = tmp_path / "attempt"
+    with PassThroughMDSWriter(local=str(local), columns=columns, size_limit=50_000,
+                              compression="zstd", hashes=["xxh64"], upload=upload) as w:
+        for data in encode_batch(batch, columns):
+            w.write_encoded(data)
+    assert not local.exists()
+    assert set(got) == set(w.digests()) and "index.json" in got and len(got) > 3
+    assert {n: hashlib.sha256(d).hexdigest() for n, d in got.items()} == w.digests()
+    assert json.loads(got["index.json"]) == w.index()
+
+    def failing(name, path):
+        raise OSError(f"no bucket for {name}")
+
+    local = tmp_path / "failed"
+    w = PassThroughMDSWriter(local=str(local), columns=columns, size_limit=50_000,
+                             upload=failing)
+    with pytest.raises((OSError, RuntimeError), match="no bucket"):
+        with w:
+            for data in encode_batch(batch, columns):
+                w.write_encoded(data)
+    assert not local.exists()

@@ -260,3 +260,35 @@ def test_a_failing_stage_is_recorded_and_releases_the_lock(spark, finished_run):
         "run": "failed", "export": "failed", "curate": "skipped", "dedup": "skipped",
         "caption": "skipped"}
     assert "no_such_col" in rows["export"]["note"]
+
+
+def test_a_run_that_fails_in_its_last_stage_leaves_no_drafted_report_behind(
+        spark, tmp_path, monkeypatch):
+    """The report's table part is drafted in a private folder while a last stage that
+    keeps the tables runs; when that stage crashes (no report for such a failure), the
+    draft's figures and thumbnails reach no report folder, and its folder is removed."""
+    import tempfile
+
+    from etl.pipeline import runner
+    from etl.pipeline.stages import Stage
+
+    cfg = make_config(tmp_path)
+    made, real = [], tempfile.mkdtemp
+
+    def mkdtemp(**kw):
+        made.append(real(**kw))
+        return made[-1]
+
+    monkeypatch.setattr(runner.tempfile, "mkdtemp", mkdtemp)
+
+    def crash(spark, cfg, ctx):
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        runner.run_stages(cfg, [Stage("export", crash, "a crashing export",
+                                      keeps_tables=True)], run_id="r-crash", summary=True)
+    drafts = [d for d in made if "lakeshard-report-" in d]
+    assert drafts and not any(os.path.exists(d) for d in drafts)
+    folder = tables.layout(cfg).report_dir("r-crash")
+    assert sorted(os.listdir(folder)) == ["events.jsonl"]
+    assert read_runs(spark, tables.layout(cfg).runs).where("run_id = 'r-crash'").count() > 0

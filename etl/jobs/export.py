@@ -480,7 +480,7 @@ def _changed(spark: SparkSession, cfg: Config, exp, cols: _Columns,
     rows = row_changes(path, since["version"], version)
     if rows is None:
         return None
-    now, then = {}, {}
+    now, then, same = {}, {}, None
     if not exp.include_duplicates:
         dedup = DedupTable(spark, cfg)
         state = dedup.state()
@@ -490,7 +490,7 @@ def _changed(spark: SparkSession, cfg: Config, exp, cols: _Columns,
         found = dedup.canonical_changes(since["dedup_version"])
         if found is None:
             return None
-        now, then = found
+        now, then, same = found
     _, schema = read_schema(path, version, cols.small)
     ds = cols.table
     appended = fragment_rows(ds, rows.appended, cols.small, exp.where, schema)
@@ -500,6 +500,12 @@ def _changed(spark: SparkSession, cfg: Config, exp, cols: _Columns,
     ids = present.column("sample_id").to_pylist()
     if not exp.include_duplicates:
         unknown = [i for i in ids if i not in now]
+        if unknown and same is not None and same.num_rows:
+            # Rows of a rewritten dedup file whose status did not change.
+            hit = same.filter(pc.is_in(same.column("sample_id"), pa.array(unknown, pa.string())))
+            now = {**now, **dict(zip(hit.column(0).to_pylist(), hit.column(1).to_pylist(),
+                                     strict=True))}
+            unknown = [i for i in ids if i not in now]
         looked_up = DedupTable(spark, cfg).canonical_of(unknown)
         if looked_up is None:
             return None

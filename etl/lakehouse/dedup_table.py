@@ -27,7 +27,7 @@ import json
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -48,6 +48,9 @@ from etl.writers.delta import (
     set_properties,
 )
 from etl.writers.lance import lance_reader
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = [
     "DEDUP_PARAMS",
@@ -298,14 +301,16 @@ class DedupTable:
                                                   "sample_id string"), ids
         return self.read().where("NOT is_canonical").select("sample_id"), None
 
-    def canonical_changes(self, since: int) -> tuple[dict[str, bool], dict[str, bool]] | None:
+    def canonical_changes(self, since: int
+                          ) -> tuple[dict[str, bool], dict[str, bool], pa.Table] | None:
         """``is_canonical`` by id of the rows in a file added since Delta version
         `since` (now) and in a file removed since (then), read by delta-rs from those
         files alone, less the rows in both with the same status (a file rewritten
-        around a few changed rows holds every other row again, unchanged): a row whose
-        status changed, that arrived or that left is in one or both. None when that
-        cannot be told from the files (`since` no longer readable, its files vacuumed,
-        deletion vectors, a table delta-rs cannot read)."""
+        around a few changed rows holds every other row again, unchanged), which come
+        third, as Arrow (``sample_id, is_canonical``): a row whose status changed, that
+        arrived or that left is in one of the first two. None when that cannot be told
+        from the files (`since` no longer readable, its files vacuumed, deletion
+        vectors, a table delta-rs cannot read)."""
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
@@ -349,7 +354,8 @@ class DedupTable:
             def by_id(t: pa.Table) -> dict[str, bool]:
                 return dict(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
 
-            return by_id(added.filter(kept)), by_id(removed.filter(left))
+            return (by_id(added.filter(kept)), by_id(removed.filter(left)),
+                    same.select(["sample_id", "is_canonical"]))
         except (DeltaError, OSError) as exc:
             log.info("dedup: changes since version %d unreadable (%s)", since, exc)
             return None

@@ -252,6 +252,8 @@ class _Run:
             except Exception as exc:  # noqa: BLE001 -- the budget is the failure to tell
                 log.warning("the report of failed run %s could not be written: %s: %s",
                             run_id, type(exc).__name__, exc)
+        elif self.draft is not None:
+            self.draft.discard()
         event("run_end", run_id=run_id, status="failed", failed_stage=stage, **failure.end,
               seconds=round(time.monotonic() - self.t0, 2),
               **({"report": out.report} if failure.report else {}))
@@ -457,19 +459,25 @@ def _upload_events(local: str, final: str) -> None:
         shutil.rmtree(os.path.dirname(local), ignore_errors=True)
 
 
-def _report_dir(cfg: Config, run_id: str) -> str:
-    """Where the report is written: its folder under the root, or a local folder
-    uploaded there when the root is an object store."""
-    final_dir = tables.layout(cfg).report_dir(run_id)
-    return tempfile.mkdtemp(prefix="lakeshard-report-") if is_remote(final_dir) else final_dir
-
-
 def _draft_report(spark, cfg: Config, out: RunOutcome):
-    """The report's table part started on a thread (:class:`etl.report.ReportDraft`)."""
+    """The report's table part started on a thread (:class:`etl.report.ReportDraft`),
+    in a private folder: its files reach the run's report folder only with the report
+    (:func:`_write_report`); a run that ends without one discards them."""
     from etl.report import ReportDraft
 
-    return ReportDraft(spark, cfg, out, _report_dir(cfg, out.run_id),
+    return ReportDraft(spark, cfg, out, tempfile.mkdtemp(prefix="lakeshard-report-"),
                        (f"lakeshard-{out.run_id}-report", f"lakeshard report (run {out.run_id})"))
+
+
+def _move_into(src: str, dest: str) -> None:
+    """Every entry of the folder `src` moved into the folder `dest` (made if missing),
+    replacing an entry of the same name."""
+    os.makedirs(dest, exist_ok=True)
+    for name in os.listdir(src):
+        target = os.path.join(dest, name)
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target)
+        shutil.move(os.path.join(src, name), target)
 
 
 def _write_report(spark, cfg: Config, out: RunOutcome, draft=None) -> None:
@@ -484,7 +492,10 @@ def _write_report(spark, cfg: Config, out: RunOutcome, draft=None) -> None:
 
     final_dir = tables.layout(cfg).report_dir(out.run_id)
     remote = is_remote(final_dir)
-    report_dir = draft.out_dir if draft is not None else _report_dir(cfg, out.run_id)
+    if draft is not None:
+        report_dir = draft.out_dir
+    else:
+        report_dir = tempfile.mkdtemp(prefix="lakeshard-report-") if remote else final_dir
     try:
         if cfg.run.report:
             try:
@@ -500,8 +511,10 @@ def _write_report(spark, cfg: Config, out: RunOutcome, draft=None) -> None:
         write_summary(out, report_dir)
         if remote:
             upload_dir(report_dir, final_dir)
+        elif report_dir != final_dir:
+            _move_into(report_dir, final_dir)
     finally:
-        if remote:
+        if report_dir != final_dir:
             shutil.rmtree(report_dir, ignore_errors=True)
 
 

@@ -32,6 +32,7 @@ the report.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from typing import TYPE_CHECKING
 
@@ -115,6 +116,12 @@ class ReportDraft:
         self._thread = threading.Thread(target=run, name="lakeshard-report-draft",
                                         daemon=True)
         self._thread.start()
+
+    def discard(self) -> None:
+        """No report after all (the run failed): wait for the thread, then remove its
+        folder."""
+        self._thread.join()
+        shutil.rmtree(self.out_dir, ignore_errors=True)
 
     def result(self) -> tuple[ReportData, Drawn]:
         """The table part, once made; what the thread raised, raised here."""

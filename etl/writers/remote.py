@@ -124,6 +124,11 @@ class S3Store:
     def put_bytes(self, rel: str, body: bytes) -> None:
         self.client.put_object(Bucket=self.bucket, Key=self._key(rel), Body=body)
 
+    def put_file(self, rel: str, path: str) -> None:
+        """Upload the local file `path` (boto3's managed transfer, streamed from the
+        file: multipart above its threshold)."""
+        self.client.upload_file(path, self.bucket, self._key(rel))
+
     def put_json(self, rel: str, obj: Any) -> None:
         self.put_bytes(rel, json.dumps(obj, sort_keys=True).encode())
 

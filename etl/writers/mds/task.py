@@ -346,8 +346,8 @@ def _write_shards(task: _PartitionTask, batches: Iterator[pa.RecordBatch], attem
         if store is not None:
             prefix = "/".join(p for p in (sub, task.key, attempt_name) if p)
 
-            def upload(name: str, data: bytes) -> None:
-                store.put_bytes(f"{prefix}/{name}", data)
+            def upload(name: str, path: str) -> None:
+                store.put_file(f"{prefix}/{name}", path)
 
         return PassThroughMDSWriter(
             local=local, columns=task.columns, compression=task.compression,

@@ -16,9 +16,10 @@ process -- paid by each writing task's Python worker and, for an export the driv
 writes, by the driver while it prepares the night's images. This module imports only
 streaming's torch-free modules: the sample encodings' sizes
 (``streaming.base.format.mds.encodings``), compression and hashing, under the bare
-packages of :func:`etl.writers.mds.task._lean_streaming` (call it first in a process
-that has not imported ``streaming``). The format is the stock writer's; the
-``constraints.txt`` pin of mosaicml-streaming is the release it is checked against.
+packages of :func:`etl.writers.mds.task._lean_streaming`, which it registers first
+(importing it is the warm-up, :func:`etl.writers.mds.task.warm_writer`). The format is
+the stock writer's; the ``constraints.txt`` pin of mosaicml-streaming is the release it
+is checked against.
 """
 
 from __future__ import annotations
@@ -27,11 +28,27 @@ import hashlib
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
+
+from etl.writers.mds.task import _lean_streaming
+
+_lean_streaming()  # streaming's packages bare: their __init__ would import torch
+from streaming.base.compression import (  # noqa: E402
+    compress,
+    get_compression_extension,
+    is_compression,
+)
+from streaming.base.format.mds.encodings import (  # noqa: E402
+    get_mds_encoded_size,
+    get_mds_encodings,
+    is_mds_encoding,
+)
+from streaming.base.hashing import get_hash, is_hash  # noqa: E402
 
 __all__ = ["PassThroughMDSWriter", "INDEX"]
 
@@ -42,8 +59,9 @@ _UPLOAD_THREADS = 4
 class PassThroughMDSWriter:
     """Writes pre-encoded MDS samples (:meth:`write_encoded`) into `local`, a folder it
     empties first, as shards of at most `size_limit` bytes; with `upload` (a function of
-    a file's name and bytes, e.g. an S3 put under the attempt's prefix) every file is
-    uploaded once written and the local folder is removed at :meth:`finish`.
+    a file's name and local path, e.g. an S3 upload under the attempt's prefix) every file
+    is uploaded once written, then deleted, and the local folder is removed at
+    :meth:`finish` (or on an exception).
 
     `columns` and `compression` / `hashes` are the stock writer's (names of streaming's
     encodings, compression and hash algorithms): the same shard header, index and file
@@ -54,20 +72,12 @@ class PassThroughMDSWriter:
 
     def __init__(self, *, local: str, columns: Mapping[str, str], size_limit: int | None,
                  compression: str | None = None, hashes: list[str] | tuple[str, ...] = (),
-                 upload: Callable[[str, bytes], None] | None = None) -> None:
-        from streaming.base.compression import is_compression
-        from streaming.base.format.mds.encodings import (
-            get_mds_encoded_size,
-            get_mds_encodings,
-            is_mds_encoding,
-        )
-        from streaming.base.hashing import is_hash
-
+                 upload: Callable[[str, str], None] | None = None) -> None:
         compression = compression or None
         if compression and not is_compression(compression):
             raise ValueError(f"Invalid compression: {compression}.")
         hashes = list(hashes or [])
-        if hashes != sorted(set(hashes)):
+        if hashes != sorted(hashes):  # as the stock writer checks them
             raise ValueError("Hashes must be unique and in sorted order.")
         for algo in hashes:
             if not is_hash(algo):
@@ -91,6 +101,7 @@ class PassThroughMDSWriter:
         self.file_digests: dict[str, str] = {}
         self.upload = upload
         self._uploads: list[Future] = []
+        self._failed = threading.Event()  # set by the first upload that fails
         self._executor = ThreadPoolExecutor(_UPLOAD_THREADS) if upload else None
         if os.path.exists(local):
             shutil.rmtree(local)
@@ -145,7 +156,7 @@ class PassThroughMDSWriter:
                     f.write(x)
             raw_info = {"basename": raw_name, "bytes": int(len(header) + sum(
                 len(x) for x in self.new_samples)), "hashes": {}}
-            self._stored(raw_name, digest.hexdigest(), None)
+            self._stored(raw_name, digest.hexdigest())
             zip_info = None
         else:
             raw_info, zip_info = self._joint_shard(raw_name, header)
@@ -153,8 +164,6 @@ class PassThroughMDSWriter:
                             "zip_data": zip_info, **self.get_config()})
 
     def _joint_shard(self, raw_name: str, header: bytes) -> tuple[dict, dict | None]:
-        from streaming.base.compression import compress, get_compression_extension
-
         raw = header + b"".join(self.new_samples)
         raw_info = self._file_info(raw, raw_name)
         if not self.compression:
@@ -165,33 +174,36 @@ class PassThroughMDSWriter:
             zip_info = self._file_info(data, name)
         with open(os.path.join(self.local, name), "wb") as f:
             f.write(data)
-        self._stored(name, hashlib.sha256(data).hexdigest(), data)
+        self._stored(name, hashlib.sha256(data).hexdigest())
         return raw_info, zip_info
 
     def _file_info(self, data: bytes, name: str) -> dict:
-        from streaming.base.hashing import get_hash
-
         return {"basename": name, "bytes": len(data),
                 "hashes": {algo: get_hash(algo, data) for algo in self.hashes}}
 
-    def _stored(self, name: str, digest: str, data: bytes | None) -> None:
-        """Record a written file's digest; upload it (from `data`, else read back)."""
+    def _stored(self, name: str, digest: str) -> None:
+        """Record a written file's digest; with `upload`, queue its upload (from the
+        file: no shard is held in memory for it)."""
         self.file_digests[name] = digest
         if self._executor is not None:
-            self._uploads.append(self._executor.submit(self._upload_file, name, data))
+            future = self._executor.submit(self._upload_file, name)
+            future.add_done_callback(self._note_failure)
+            self._uploads.append(future)
 
-    def _upload_file(self, name: str, data: bytes | None) -> None:
+    def _upload_file(self, name: str) -> None:
         path = os.path.join(self.local, name)
-        if data is None:
-            with open(path, "rb") as f:
-                data = f.read()
-        self.upload(name, data)
-        os.remove(path)
+        self.upload(name, path)
+        os.remove(path)  # a worker's disk holds what is not uploaded yet
+
+    def _note_failure(self, future: Future) -> None:
+        if not future.cancelled() and future.exception() is not None:
+            self._failed.set()
 
     def _raise_failed_upload(self) -> None:
+        if not self._failed.is_set():
+            return
         for future in self._uploads:
-            if future.done() and future.exception() is not None:
-                self._executor.shutdown(wait=False, cancel_futures=True)
+            if future.done() and not future.cancelled() and future.exception() is not None:
                 raise RuntimeError(f"an MDS upload failed: {future.exception()}") \
                     from future.exception()
 
@@ -205,20 +217,26 @@ class PassThroughMDSWriter:
 
     def finish(self) -> None:
         """Flush the last shard, write index.json; with `upload`, wait for every
-        upload (raising the first that failed) and remove the local folder."""
+        upload (raising the first that failed) and remove the local folder, also when
+        one failed."""
         if self.new_samples:
             self.flush_cached()
         text = json.dumps(self.index(), sort_keys=True)
         with open(os.path.join(self.local, INDEX), "w") as f:
             f.write(text)
-        self._stored(INDEX, hashlib.sha256(text.encode()).hexdigest(), text.encode())
+        self._stored(INDEX, hashlib.sha256(text.encode()).hexdigest())
         if self._executor is None:
             return
         try:
             for future in self._uploads:
                 future.result()
         finally:
-            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._close()
+
+    def _close(self) -> None:
+        """Uploads not started are cancelled, those running waited for; the local
+        folder (a scratch copy of what was uploaded) removed."""
+        self._executor.shutdown(wait=True, cancel_futures=True)
         shutil.rmtree(self.local, ignore_errors=True)
 
     def __enter__(self) -> PassThroughMDSWriter:
@@ -228,4 +246,4 @@ class PassThroughMDSWriter:
         if exc_type is None:
             self.finish()
         elif self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._close()
