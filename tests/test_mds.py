@@ -266,8 +266,8 @@ def test_the_mds_writer_imports_no_torch():
 
     code = (
         "import sys\n"
-        "from etl.writers.mds.task import _lean_streaming\n"
-        "_lean_streaming()\n"
+        "from etl.writers.mds.lean import lean_streaming\n"
+        "lean_streaming()\n"
         "import pyarrow as pa\n"
         "from etl.writers.mds.codec import encode_batch\n"
         "from etl.writers.mds.writer import PassThroughMDSWriter\n"

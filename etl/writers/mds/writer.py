@@ -16,7 +16,7 @@ process -- paid by each writing task's Python worker and, for an export the driv
 writes, by the driver while it prepares the night's images. This module imports only
 streaming's torch-free modules: the sample encodings' sizes
 (``streaming.base.format.mds.encodings``), compression and hashing, under the bare
-packages of :func:`etl.writers.mds.task._lean_streaming`, which it registers first
+packages of :func:`etl.writers.mds.lean.lean_streaming`, which it registers first
 (importing it is the warm-up, :func:`etl.writers.mds.task.warm_writer`). The format is
 the stock writer's; the ``constraints.txt`` pin of mosaicml-streaming is the release it
 is checked against.
@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from etl.writers.mds.task import _lean_streaming
+from etl.writers.mds.lean import lean_streaming
 
-_lean_streaming()  # streaming's packages bare: their __init__ would import torch
+lean_streaming()  # streaming's packages bare: their __init__ would import torch
 from streaming.base.compression import (  # noqa: E402
     compress,
     get_compression_extension,
