@@ -33,7 +33,6 @@ from etl.runtime.faults import fault_point
 from etl.runtime.warm import import_in_background
 from etl.writers.mds.buckets import BucketRouter
 from etl.writers.mds.checksum import PART_IDS, PART_META
-from etl.writers.mds.lean import lean_streaming
 
 __all__ = ["BlobSource", "TAKE_ROWS", "RESULT_DDL", "state_prefix", "partition_writer",
            "write_here", "warm_writer"]
@@ -122,16 +121,14 @@ def warm_writer() -> None:
     global _warming
     if _warming is not None or "etl.writers.mds.writer" in sys.modules:
         return
-    lean_streaming()  # bare packages registered here: quick, no import runs
     _warming = import_in_background("etl.writers.mds.writer", name="lakeshard-mds-import")
 
 
 def _writer_here() -> None:
-    """Streaming's MDS writer importable in this process: the import :func:`warm_writer`
-    started, finished, or a lean import now."""
+    """The import :func:`warm_writer` started, finished (the writer registers
+    streaming's bare packages itself when imported)."""
     if _warming is not None:
         _warming.join()
-    lean_streaming()
 
 
 def _read_part_meta(path: str) -> dict | None:
@@ -194,7 +191,6 @@ def partition_writer(
         from udfs.worker import settle_imports
 
         ctx = TaskContext.get()
-        lean_streaming()
         from etl.writers.mds.writer import PassThroughMDSWriter  # noqa: F401
 
         settle_imports()  # keep the daemon's per-task GC cheap after the imports
