@@ -484,5 +484,45 @@ def test_an_increments_read_of_stored_rows_follows_the_new_rows_keys(spark, tmp_
                                    for r in rows], DEDUP_SCHEMA)
     in_spark = stored_lookup(spark, frame, cfg, added, ids)
     assert sorted(local.rows) == sorted(in_spark.rows) == sorted(expected)
-    assert local.read == in_spark.read == len(candidates) + len(members)
-    assert local.read < 20  # of 4,000 stored rows
+    # Spark takes out the rows sharing a key and measures them; the driver measures
+    # every batch's hashes in numpy and takes out only the rows within the threshold.
+    named = {r["sample_id"] for r in rows if r["sample_id"] in ids or r["dup_cluster_id"] in ids}
+    assert in_spark.read == len(candidates) + len(members)
+    assert local.read == len(within | named) + len(members)
+    assert local.read <= in_spark.read < 20  # of 4,000 stored rows
+
+
+def test_near_hashes_equal_brute_force_hamming_distances():
+    """The driver's vectorised distance check (numpy over each batch, a stored hash
+    measured against the new hashes it shares an LSH key with) finds exactly the stored
+    hashes within the threshold of some new hash, by brute force here: signed hashes,
+    nulls, new hashes that share keys with each other, exact copies, and every distance
+    from 0 to 8 bits."""
+    import pyarrow as pa
+
+    from etl.lakehouse.dedup_increment import _NearHashes
+    from etl.transforms.dedup import lsh_masks
+
+    rng = random.Random(17)
+    cfg = DedupConfig()
+
+    def flip(h: int, bits: int) -> int:
+        u = h & ((1 << 64) - 1)
+        for b in rng.sample(range(64), bits):
+            u ^= 1 << b
+        return _signed(u)
+
+    new = [_signed(rng.getrandbits(64)) for _ in range(300)]
+    new += [flip(new[i], 1) for i in range(20)]  # new hashes sharing keys
+    stored = [_signed(rng.getrandbits(64)) for _ in range(20000)]
+    stored += [flip(rng.choice(new), d) for d in range(9) for _ in range(40)]
+    stored += [None] * 5
+    rng.shuffle(stored)
+    added = [{"sample_id": f"n{i}", "dhash": h} for i, h in enumerate(new)]
+    added.append({"sample_id": "n-null", "dhash": None})
+    near = _NearHashes(added, lsh_masks(cfg.threshold, cfg.bands), cfg.threshold)
+    got = near.near(pa.array(stored, pa.int64())).tolist()
+    expected = [h is not None and any(((h ^ n) & ((1 << 64) - 1)).bit_count() <= cfg.threshold
+                                      for n in new) for h in stored]
+    assert got == expected
+    assert 200 < sum(expected) < 400  # the planted copies within 4 bits, not the random

@@ -443,6 +443,7 @@ class _Changed:
     members: pa.Table
     touched: set[str]
     duplicates_fingerprint: int | None
+    fresh: frozenset[str] = frozenset()  # of `touched`, ids the curated table gained
 
 
 def _from_changes(spark: SparkSession, cfg: Config, name: str, exp, cols: _Columns,
@@ -515,7 +516,8 @@ def _changed(spark: SparkSession, cfg: Config, exp, cols: _Columns,
     fingerprint = since["duplicates_fingerprint"]
     if fingerprint is not None and flipped:
         fingerprint ^= ids_fingerprint(sorted(flipped))
-    return _Changed(present, set(ids) | rows.arrived | rows.deleted | flipped, fingerprint)
+    return _Changed(present, set(ids) | rows.arrived | rows.deleted | flipped, fingerprint,
+                    rows.fresh)
 
 
 def _write_changes(spark: SparkSession, cfg: Config, name: str, exp, cols: _Columns,
@@ -529,7 +531,8 @@ def _write_changes(spark: SparkSession, cfg: Config, name: str, exp, cols: _Colu
     rows = _export_frame(spark, exp, cols, members, schema)
     fps = local_arrow(rows.select("sample_id", row_fingerprint(
         rows, exclude=(ROW_ADDRESS,)).alias("_fp")))
-    old = exported_of(out, current, changed.touched)
+    # Ids new to the curated table since the export's version: it cannot hold them.
+    old = exported_of(out, current, changed.touched - changed.fresh)
     member_ids = set(members.column("sample_id").to_pylist())
     plan = plan_changes(fps, old, changed.touched - member_ids, current, exp.partitions)
     if not plan.incremental:

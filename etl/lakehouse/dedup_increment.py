@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -37,6 +38,9 @@ from pyspark.sql import functions as F
 from etl.config import DedupConfig
 from etl.transforms.dedup import ASSIGNMENT_COLUMNS, ROW_COLUMNS, lsh_masks
 from etl.writers.lance import lance_reader
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "scan_rows",
@@ -56,7 +60,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _IDENTITY = ("sample_id", "image_sha256", "dhash")
-_MASK64 = (1 << 64) - 1
 
 
 def deleted_rows(fragment) -> int:
@@ -161,16 +164,6 @@ def _key_buckets(added: list[dict], cfg: DedupConfig) -> dict[tuple[int, int], l
     return buckets
 
 
-def _near(dhash: int | None, buckets: dict[tuple[int, int], list[int]],
-          masks: list[int], threshold: int) -> bool:
-    """Whether a stored hash is within `threshold` bits of a new hash it shares a key
-    with (a candidate farther away joins no pair: R2 verifies every candidate)."""
-    if dhash is None:
-        return False
-    return any(((dhash ^ h) & _MASK64).bit_count() <= threshold
-               for k, m in enumerate(masks) for h in buckets.get((k, dhash & m), ()))
-
-
 def stored_lookup(spark: SparkSession, table, cfg: DedupConfig,
                   added: list[dict], ids: set[str]) -> StoredRows:
     """The assignments (by id) a plan of `added` rows and changed or deleted `ids`
@@ -182,9 +175,9 @@ def stored_lookup(spark: SparkSession, table, cfg: DedupConfig,
     or a pyarrow dataset (or Arrow table) the driver scans (:func:`_stored_local`, no
     Spark job)."""
     masks, threshold = lsh_masks(cfg.threshold, cfg.bands), cfg.threshold
-    buckets = _key_buckets(added, cfg)
     if not isinstance(table, DataFrame):  # scanned by the driver
-        return _stored_local(table, masks, buckets, ids, threshold)
+        return _stored_local(table, masks, added, ids, threshold)
+    buckets = _key_buckets(added, cfg)
     found = table.limit(0).select(*ASSIGNMENT_COLUMNS, F.lit(True).alias("_near"))
     if buckets:
         keyed = table.select(
@@ -216,11 +209,6 @@ def stored_rows(spark: SparkSession, table, cfg: DedupConfig,
                 added: list[dict], ids: set[str]) -> dict[str, dict]:
     """:func:`stored_lookup`'s rows."""
     return stored_lookup(spark, table, cfg, added, ids).rows
-
-
-def _signed(v: int) -> int:
-    """A 64-bit pattern as the signed long Delta stores it."""
-    return (v + 2**63) % 2**64 - 2**63
 
 
 def scan_rows(table, columns: list[str], keep) -> list[dict]:
@@ -258,38 +246,77 @@ def _plain(batch):
         names=batch.schema.names)
 
 
-def _stored_local(table, masks: list[int], buckets: dict[tuple[int, int], list[int]],
-                  ids: set[str], threshold: int) -> StoredRows:
+class _NearHashes:
+    """The new hashes, per LSH mask grouped by their key under it, to tell which stored
+    hashes lie within ``threshold`` bits of one of them (R2), batch by batch: a stored
+    hash's keys are looked up in a hash set of the new keys (Arrow's ``index_in``), and
+    only a hash sharing one is measured (numpy), against the new hashes with that key.
+    Every pair within the threshold shares a key: exact recall and precision."""
+
+    def __init__(self, added: list[dict], masks: list[int], threshold: int):
+        import numpy as np
+        import pyarrow as pa
+
+        hashes = np.array([r["dhash"] for r in added if r["dhash"] is not None], np.int64)
+        self.threshold = threshold
+        self.bands = []
+        for m in masks:
+            keys = hashes & np.int64(m)
+            order = np.argsort(keys, kind="stable")
+            unique, starts, counts = np.unique(keys[order], return_index=True,
+                                               return_counts=True)
+            self.bands.append((np.int64(m), pa.array(unique, pa.int64()), starts, counts,
+                               hashes[order]))
+
+    def near(self, dhash) -> np.ndarray:
+        """Which of `dhash` (an Arrow int64 array; nulls are near nothing) lie within
+        the threshold of a new hash."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        valid = pc.is_valid(dhash).to_numpy(zero_copy_only=False)
+        values = pc.fill_null(dhash, 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        out = np.zeros(len(values), bool)
+        for mask, unique, starts, counts, hashes in self.bands:
+            if not len(unique):
+                continue
+            found = pc.index_in(pa.array(values & mask, pa.int64()), value_set=unique)
+            rows = np.flatnonzero(pc.is_valid(found).to_numpy(zero_copy_only=False))
+            if not len(rows):
+                continue
+            at = found.filter(pc.is_valid(found)).to_numpy().astype(np.int64)
+            per = counts[at]
+            row = np.repeat(rows, per)
+            first = np.repeat(starts[at] - (np.cumsum(per) - per), per)
+            other = hashes[first + np.arange(len(row))]
+            bits = np.bitwise_count((values[row] ^ other).view(np.uint64))
+            out[row[bits <= self.threshold]] = True
+        return out & valid
+
+
+def _stored_local(table, masks: list[int], added: list[dict], ids: set[str],
+                  threshold: int) -> StoredRows:
     """:func:`stored_lookup` on the driver, over the table's files (a pyarrow dataset,
-    e.g. delta-rs's; or an Arrow table) read batch by batch: the rows with an LSH key of
-    a new hash, an id, or a cluster named after an id are kept (vectorised compute),
-    measured, and then the members of their clusters of two or more are taken from the
-    rows of clusters of two or more that the same pass kept (one read of the table).
-    Only the matching rows become Python rows."""
+    e.g. delta-rs's; or an Arrow table) read batch by batch: the rows within the
+    threshold of a new hash (:class:`_NearHashes`), with an id, or in a cluster named
+    after an id are kept, and then the members of their clusters of two or more are
+    taken from the rows of clusters of two or more that the same pass kept (one read of
+    the table). Only the matching rows become Python rows."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     wanted = pa.array(sorted(ids), pa.string())
-    bands = [(pa.scalar(_signed(m), pa.int64()),
-              pa.array(sorted({_signed(key) for kk, key in buckets if kk == k}), pa.int64()))
-             for k, m in enumerate(masks)]
-
-    def keyed(batch):
-        hit = pc.or_(pc.is_in(batch["sample_id"], wanted),
-                     pc.is_in(batch["dup_cluster_id"], wanted))
-        for mask, band in bands:
-            if len(band):
-                hit = pc.or_(hit, pc.is_in(pc.bit_wise_and(batch["dhash"], mask), band))
-        return hit
-
+    hashes = _NearHashes(added, masks, threshold)
     columns = list(ASSIGNMENT_COLUMNS)
-    candidates: list[dict] = []
+    first: list[dict] = []
     clustered: list[pa.RecordBatch] = []  # rows of clusters of two or more
     for batch in _batches(table, columns):
-        candidates.extend(batch.filter(keyed(batch)).to_pylist())
+        hit = pc.or_(pc.or_(pc.is_in(batch["sample_id"], wanted),
+                            pc.is_in(batch["dup_cluster_id"], wanted)),
+                     pa.array(hashes.near(batch["dhash"]), pa.bool_()))
+        first.extend(batch.filter(hit).to_pylist())
         clustered.append(batch.filter(pc.greater(batch["cluster_size"], 1)))
-    first = [r for r in candidates if r["sample_id"] in ids or r["dup_cluster_id"] in ids
-             or _near(r["dhash"], buckets, masks, threshold)]
     prior = {r["sample_id"]: r for r in first}
     # A cluster of one is its row alone (in `first` already when an id names it): the
     # members of larger clusters are among the rows kept above.
@@ -302,7 +329,7 @@ def _stored_local(table, masks: list[int], buckets: dict[tuple[int, int], list[i
         members = kept.filter(pc.is_in(kept["dup_cluster_id"], clusters)).to_pylist()
     for r in members:
         prior.setdefault(r["sample_id"], r)
-    return StoredRows(prior, len(candidates) + len(members))
+    return StoredRows(prior, len(first) + len(members))
 
 
 def curated_rows(spark: SparkSession, path: str, now, version: int, ids: list[str],

@@ -56,6 +56,7 @@ __all__ = [
     "DEDUP_PARAMS",
     "DEDUP_CURATED_VERSION",
     "DEDUP_STATS",
+    "CHANGE_FEED",
     "SourceDedup",
     "DedupResult",
     "DedupCoverage",
@@ -126,6 +127,45 @@ class DedupCoverage:
     @property
     def stale(self) -> bool:
         return bool(self.uncovered or self.removed)
+
+
+# Delta's change data feed, on from the table's first write: a night's MERGE then also
+# writes the rows it changed (before and after) beside the files it rewrote, which is
+# what the export's increment reads (:meth:`DedupTable.canonical_changes`).
+CHANGE_FEED = {"delta.enableChangeDataFeed": "true"}
+
+_BEFORE = ("update_preimage", "delete")
+
+
+def _first_and_last(feed: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """From a change data feed (``sample_id, is_canonical, _change_type,
+    _commit_version``): each id's row before its first change, when that change found
+    it there (a pre-image or a delete), and after its last, when the row is still there
+    (an insert or a post-image); both as ``sample_id, is_canonical``, plain strings.
+    Within a version, what was there comes before what replaced it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    plain = pa.schema([("sample_id", pa.string()), ("is_canonical", pa.bool_())])
+    if not feed.num_rows:
+        return plain.empty_table(), plain.empty_table()
+    was = pc.is_in(feed.column("_change_type").cast(pa.string()),
+                   pa.array(_BEFORE, pa.string()))
+    order = pc.add(pc.multiply(feed.column("_commit_version").cast(pa.int64()), 2),
+                   pc.if_else(was, 0, 1))
+    events = pa.table({"sample_id": feed.column("sample_id").cast(pa.string()),
+                       "is_canonical": feed.column("is_canonical"),
+                       "_was": was, "_order": order}).sort_by(
+        [("sample_id", "ascending"), ("_order", "ascending")])
+    ends = events.group_by("sample_id", use_threads=False).aggregate(
+        [("is_canonical", "first"), ("_was", "first"),
+         ("is_canonical", "last"), ("_was", "last")])
+    before = ends.filter(ends.column("_was_first")).select(
+        ["sample_id", "is_canonical_first"])
+    after = ends.filter(pc.invert(ends.column("_was_last"))).select(
+        ["sample_id", "is_canonical_last"])
+    return before.rename_columns(plain.names).cast(plain), \
+        after.rename_columns(plain.names).cast(plain)
 
 
 def dedup_params(cfg: DedupConfig) -> str:
@@ -303,62 +343,55 @@ class DedupTable:
 
     def canonical_changes(self, since: int
                           ) -> tuple[dict[str, bool], dict[str, bool], pa.Table] | None:
-        """``is_canonical`` by id of the rows in a file added since Delta version
-        `since` (now) and in a file removed since (then), read by delta-rs from those
-        files alone, less the rows in both with the same status (a file rewritten
-        around a few changed rows holds every other row again, unchanged), which come
-        third, as Arrow (``sample_id, is_canonical``): a row whose status changed, that
-        arrived or that left is in one of the first two. None when that cannot be told
-        from the files (`since` no longer readable, its files vacuumed, deletion
-        vectors, a table delta-rs cannot read)."""
+        """``is_canonical`` by id of the rows that changed since Delta version `since`:
+        as they are now (rows inserted or updated since, still there) and as they were
+        then (rows updated or deleted since, before their first change), read from the
+        table's change data feed (:data:`CHANGE_FEED`), less the rows in both with the
+        same status, which come third, as Arrow (``sample_id, is_canonical``). The feed
+        holds the rows a MERGE changed, not the file it rewrote around them; for
+        versions written before the table had a feed, delta-rs answers from the files
+        added and removed (every row of a rewritten file then comes back, the unchanged
+        ones as the third part). None when that cannot be told (`since` no longer
+        readable, its files vacuumed, deletion vectors, a table delta-rs cannot
+        read)."""
         import pyarrow as pa
         import pyarrow.compute as pc
-        import pyarrow.parquet as pq
         from deltalake import DeltaTable
         from deltalake.exceptions import DeltaError
 
-        from etl.writers.remote import subtree
-
+        plain = pa.schema([("sample_id", pa.string()), ("is_canonical", pa.bool_())])
         try:
             now = storage.delta_rs_table(self.path)
             if now is None:
                 return None
             url, opts = storage.object_url(self.path), storage.delta_rs_storage(self.path)
             then = DeltaTable(url, version=since, storage_options=opts)
-            files = {}
-            for name, table in (("now", now), ("then", then)):
+            for table in (now, then):
                 actions = table.get_add_actions(flatten=True)
                 if any(actions.column(n).null_count < actions.num_rows
                        for n in actions.schema.names if n.startswith("deletionVector")):
                     return None  # rows deleted in place: not told by the files
-                files[name] = set(actions.column("path").to_pylist())
-            fs = subtree(url)
-            new, old = files["now"], files["then"]
-
-            plain = pa.schema([("sample_id", pa.string()), ("is_canonical", pa.bool_())])
-
-            def status(paths: set[str]) -> pa.Table:
-                # As plain strings: delta-rs may write string views, which Arrow's
-                # join takes no key of.
-                return pa.concat_tables([plain.empty_table()] + [pq.read_table(
-                    rel, columns=["sample_id", "is_canonical"], filesystem=fs).cast(plain)
-                    for rel in sorted(paths)])
-
-            added, removed = status(new - old), status(old - new)
-            both = added.join(removed.rename_columns(["sample_id", "then"]), "sample_id",
-                              join_type="inner")
-            same = both.filter(pc.equal(both.column("is_canonical"), both.column("then")))
-            kept = pc.invert(pc.is_in(added.column("sample_id"), same.column("sample_id")))
-            left = pc.invert(pc.is_in(removed.column("sample_id"), same.column("sample_id")))
-
-            def by_id(t: pa.Table) -> dict[str, bool]:
-                return dict(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
-
-            return (by_id(added.filter(kept)), by_id(removed.filter(left)),
-                    same.select(["sample_id", "is_canonical"]))
+            if now.version() <= since:
+                return {}, {}, plain.empty_table()
+            feed = pa.table(now.load_cdf(
+                starting_version=since + 1, ending_version=now.version(),
+                columns=["sample_id", "is_canonical", "_change_type", "_commit_version"],
+            ).read_all())
         except (DeltaError, OSError) as exc:
             log.info("dedup: changes since version %d unreadable (%s)", since, exc)
             return None
+        before, after = _first_and_last(feed)
+        both = after.join(before.rename_columns(["sample_id", "then"]), "sample_id",
+                          join_type="inner")
+        same = both.filter(pc.equal(both.column("is_canonical"), both.column("then")))
+        kept = pc.invert(pc.is_in(after.column("sample_id"), same.column("sample_id")))
+        left = pc.invert(pc.is_in(before.column("sample_id"), same.column("sample_id")))
+
+        def by_id(t: pa.Table) -> dict[str, bool]:
+            return dict(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
+
+        return (by_id(after.filter(kept)), by_id(before.filter(left)),
+                same.select(["sample_id", "is_canonical"]))
 
     def canonical_of(self, ids: list[str]) -> dict[str, bool] | None:
         """``is_canonical`` of `ids` (absent: not in the table), by a delta-rs scan
@@ -391,7 +424,7 @@ class DedupTable:
         last, so that a run killed before is not taken for up to date. Returns the Delta
         version after, and the stats recorded."""
         if state is None:  # created by delta-rs where it can (no Spark job)
-            ensure_table(self.spark, self.path, DEDUP_SCHEMA)
+            ensure_table(self.spark, self.path, DEDUP_SCHEMA, CHANGE_FEED)
         if isinstance(changes, list):
             self._write_rows(changes, removed, inserts_only=inserts_only)
         elif state is None and is_empty(self.path):
@@ -409,7 +442,10 @@ class DedupTable:
         props = {DEDUP_PARAMS: self.params, DEDUP_CURATED_VERSION: str(covers),
                  DEDUP_STATS: json.dumps({**stats, "table_version": self.version()},
                                          sort_keys=True)}
-        if state is None or any(state.get(k) != v for k, v in props.items()):
+        # A table made before it had a change data feed gets one with these properties.
+        have = storage.delta_properties(self.spark, self.path) or {}
+        props.update({k: v for k, v in CHANGE_FEED.items() if have.get(k) != v})
+        if state is None or any(state.get(k, have.get(k)) != v for k, v in props.items()):
             set_properties(self.spark, self.path, props)
         return self.version(), stats
 

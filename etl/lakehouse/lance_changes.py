@@ -30,6 +30,9 @@ class RowChanges:
     # and those a purge, compaction or column rewrite wrote again)
     arrived: frozenset[str]  # every sample_id those fragments hold now
     deleted: frozenset[str]  # sample_ids gone from the table since
+    # those of `arrived` the table did not hold at `since` (in no fragment rewritten
+    # since, and deleted from none): nothing made from version `since` holds them
+    fresh: frozenset[str] = frozenset()
 
 
 def _layout(fragment) -> tuple:
@@ -64,12 +67,16 @@ def row_changes(path: str, since: int, version: int) -> RowChanges | None:
     rewritten = [i for i in old if i not in new or _layout(new[i]) != _layout(old[i])]
     appended = tuple(sorted(i for i in new if i not in old or i in rewritten))
     arrived = {s for i in appended for s in _ids(new[i])}
-    deleted = {s for i in rewritten for s in _ids(old[i])} - arrived
+    held = {s for i in rewritten for s in _ids(old[i])}  # rows of `since` read again
+    deleted = held - arrived
     for i in old:
         if i not in rewritten and _deleted(new[i]) != _deleted(old[i]):
             still = set(_ids(new[i]))
-            deleted.update(s for s in _ids(old[i]) if s not in still)
-    return RowChanges(since, version, appended, frozenset(arrived), frozenset(deleted))
+            left = {s for s in _ids(old[i]) if s not in still}
+            deleted |= left
+            held |= left
+    return RowChanges(since, version, appended, frozenset(arrived), frozenset(deleted),
+                      frozenset(arrived - held))
 
 
 def _read(ds, columns: list[str], where: str | None, fragments: list) -> pa.Table | None:

@@ -15,7 +15,7 @@ rows (:mod:`etl.config.bounds`); each answer is the same rule as its Spark twin 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -31,9 +31,13 @@ COLUMNS = ["sample_id", "source", "source_uri", "status", "reason", "fingerprint
 
 @dataclass(frozen=True)
 class ManifestRows:
-    """:data:`COLUMNS` of every manifest row, as this run read them."""
+    """:data:`COLUMNS` of every manifest row, as this run read them. Each question is a
+    mask over the columns, and only the rows it answers with are taken out of them (a
+    filter of the whole table would copy its six string columns, a million rows each,
+    for every question)."""
 
     table: pa.Table
+    _masks: dict = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def read(cls, path: str, bound: int) -> ManifestRows | None:
@@ -42,35 +46,50 @@ class ManifestRows:
         table = read_columns(path, COLUMNS, bound=bound)
         return None if table is None else cls(table)
 
-    def _retry(self, table: pa.Table) -> pa.ChunkedArray:
-        """:func:`etl.transforms.bronze.is_retry` of each row of `table`."""
-        reason = table.column("reason")
-        rejected = pc.fill_null(pc.equal(table.column("status"), "rejected"), False)
-        listed = pc.fill_null(pc.is_in(reason, pa.array(RETRIED_REASONS, pa.string())), False)
-        http5 = pc.fill_null(pc.starts_with(reason, "http_5"), False)
-        return pc.or_(pc.and_(rejected, listed), http5)
+    def _mask(self, name: str, make) -> pa.ChunkedArray:
+        if name not in self._masks:
+            self._masks[name] = make()
+        return self._masks[name]
 
-    def _of(self, source: str) -> pa.Table:
-        return self.table.filter(pc.equal(self.table.column("source"), source))
+    def _of(self, source: str) -> pa.ChunkedArray:
+        """Which rows are `source`'s."""
+        return self._mask(f"source:{source}", lambda: pc.fill_null(
+            pc.equal(self.table.column("source"), source), False))
 
-    def _live(self, table: pa.Table) -> pa.Table:
-        return table.filter(pc.not_equal(table.column("status"), REMOVED))
+    def _live(self) -> pa.ChunkedArray:
+        """Which rows are still there (accepted or rejected)."""
+        return self._mask("live", lambda: pc.fill_null(
+            pc.not_equal(self.table.column("status"), REMOVED), False))
+
+    def _retry(self) -> pa.ChunkedArray:
+        """:func:`etl.transforms.bronze.is_retry` of each row."""
+        def make():
+            reason = self.table.column("reason")
+            rejected = pc.fill_null(pc.equal(self.table.column("status"), "rejected"), False)
+            listed = pc.fill_null(pc.is_in(reason, pa.array(RETRIED_REASONS, pa.string())),
+                                  False)
+            http5 = pc.fill_null(pc.starts_with(reason, "http_5"), False)
+            return pc.or_(pc.and_(rejected, listed), http5)
+        return self._mask("retry", make)
+
+    def _rows(self, mask: pa.ChunkedArray, columns: list[str]) -> pa.Table:
+        return self.table.select(columns).filter(mask)
 
     def retried_containers(self, source: str) -> frozenset[str]:
         """:meth:`etl.lakehouse.catalog.Manifest.retried_containers` on these rows."""
-        mine = self._of(source)
-        uris = mine.filter(self._retry(mine)).column("source_uri")
+        uris = self._rows(pc.and_(self._of(source), self._retry()),
+                          ["source_uri"]).column("source_uri")
         return frozenset(u for u in pc.unique(uris).to_pylist() if u is not None)
 
     def container_groups(self, source: str) -> list[dict]:
         """:meth:`etl.lakehouse.catalog.Manifest.container_groups` on these rows:
         ``source_uri, fingerprint (null for a retried record), count`` of a source's rows
         not removed from their source."""
-        mine = self._of(source)
-        gone = pc.and_(pc.equal(mine.column("status"), REMOVED),
-                       pc.fill_null(pc.equal(mine.column("reason"), "source_removed"), False))
-        mine = mine.filter(pc.invert(gone))
-        known = pc.if_else(self._retry(mine), pa.scalar(None, pa.string()),
+        gone = pc.and_(pc.equal(self.table.column("status"), REMOVED), pc.fill_null(
+            pc.equal(self.table.column("reason"), "source_removed"), False))
+        keep = pc.and_(self._of(source), pc.fill_null(pc.invert(gone), False))
+        mine = self._rows(keep, ["source_uri", "fingerprint"])
+        known = pc.if_else(self._retry().filter(keep), pa.scalar(None, pa.string()),
                            mine.column("fingerprint"))
         groups = pa.table({"source_uri": mine.column("source_uri"), "fingerprint": known}
                           ).group_by(["source_uri", "fingerprint"], use_threads=False
@@ -80,25 +99,26 @@ class ManifestRows:
 
     def holds_live(self, source: str) -> bool:
         """Whether a record of `source` is still there (accepted or rejected)."""
-        return self._live(self._of(source)).num_rows > 0
+        return pc.any(pc.and_(self._of(source), self._live())).as_py() is True
 
     def known_of(self, sample_ids: Iterable[str]) -> pa.Table:
         """The rows of `sample_ids` (what :func:`etl.transforms.bronze.mark_unchanged`
         joins the listing with): ``sample_id, source, status, reason, fingerprint``."""
         wanted = pa.array(sorted(set(sample_ids)), pa.string())
-        found = self.table.filter(pc.is_in(self.table.column("sample_id"), wanted))
-        return found.select(["sample_id", "source", "status", "reason", "fingerprint"])
+        return self._rows(pc.is_in(self.table.column("sample_id"), wanted),
+                          ["sample_id", "source", "status", "reason", "fingerprint"])
 
     def removed(self, source: str, skipped: Collection[str], listed: Collection[str]
                 ) -> list[tuple[str, str]]:
         """:func:`etl.transforms.bronze.removed_records` of one source on these rows:
         ``(sample_id, status)`` of its records still there whose container was opened
         (not in `skipped`) and whose id the listing (`listed`) no longer has."""
-        mine = self._live(self._of(source))
+        mask = pc.and_(self._of(source), self._live())
         if skipped:
             kept = pa.array(sorted(skipped), pa.string())
-            mine = mine.filter(pc.invert(pc.fill_null(
-                pc.is_in(mine.column("source_uri"), kept), False)))
+            mask = pc.and_(mask, pc.invert(pc.fill_null(
+                pc.is_in(self.table.column("source_uri"), kept), False)))
+        mine = self._rows(mask, ["sample_id", "status"])
         if listed:
             mine = mine.filter(pc.invert(pc.is_in(mine.column("sample_id"),
                                                    pa.array(sorted(set(listed)), pa.string()))))

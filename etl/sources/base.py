@@ -118,6 +118,14 @@ class SourceAdapter(ABC):
         by them (a table of parquet files with an ``image`` column)."""
         return False
 
+    def records_hint(self, source: SourceConfig,
+                     skip: frozenset[str] = frozenset()) -> int | None:
+        """How many records the containers not in `skip` hold, when the kind can tell
+        without reading them (local parquet files, by their footers); None when it
+        cannot. A hint, not a count: curate starts the executors' Python workers
+        while it lists when the hint says the night will be prepared in Spark."""
+        return None
+
     def containers(self, source: SourceConfig) -> dict[str, str] | None:
         """Files holding many records (tar shards, table files) -> fingerprint, listed
         on the driver, for kinds that can skip an unchanged container whole; None for

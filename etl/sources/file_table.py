@@ -177,6 +177,14 @@ class TableSource(SourceAdapter):
         left = [f for f in self._files(source) if f[0] not in skip]
         return (bool(skip) and not left) or _read_in_driver(left)
 
+    def records_hint(self, source: SourceConfig,
+                     skip: frozenset[str] = frozenset()) -> int | None:
+        files = [f for f in self._files(source) if f[0] not in skip]
+        if not all(f[0].startswith("file:") and f[1] == "parquet" and f[2] is None
+                   for f in files):
+            return None
+        return sum(_footer_rows(f[0]) for f in files)
+
     def read_arrow(self, source: SourceConfig, skip: frozenset[str] = frozenset()
                    ) -> pa.Table:
         return _read_in_process([f for f in self._files(source) if f[0] not in skip], source)

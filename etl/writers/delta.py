@@ -56,26 +56,41 @@ _SCRUBBED = ("caption_original", "license", "metadata_json", "upstream_quality",
              "upstream_nsfw", "upstream_watermark", "upstream_pii")
 
 
-def ensure_table(spark: SparkSession, path: str, schema: StructType) -> None:
-    """The table exists, with every column of `schema` (missing ones added as nullable):
-    looked up and, on a first write, created by delta-rs in this process (no Spark job);
-    by Spark for a table delta-rs cannot read or a schema it cannot write."""
+def ensure_table(spark: SparkSession, path: str, schema: StructType,
+                 properties: Mapping[str, str] | None = None) -> None:
+    """The table exists, with every column of `schema` (missing ones added as nullable)
+    and `properties` set: looked up and, on a first write, created by delta-rs in this
+    process (no Spark job); by Spark for a table delta-rs cannot read or a schema it
+    cannot write. A table made before a property was asked for gets it here (one
+    metadata commit)."""
     from delta.tables import DeltaTable
 
-    have = _rs_columns(path, schema)
+    from etl import storage
+
+    props = dict(properties or {})
+    have = _rs_columns(path, schema, props)
     if have is None:
-        DeltaTable.createIfNotExists(spark).location(path).addColumns(schema).execute()
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+        for k, v in props.items():
+            builder = builder.property(k, v)
+        builder.execute()
         have = set(DeltaTable.forPath(spark, path).toDF().columns)
     missing = [f for f in schema.fields if f.name not in have]
     if missing:
         cols = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({cols})")
+    if props:
+        current = storage.delta_properties(spark, path) or {}
+        unset = {k: v for k, v in props.items() if current.get(k) != v}
+        if unset:
+            set_properties(spark, path, unset)
 
 
-def _rs_columns(path: str, schema: StructType) -> set[str] | None:
+def _rs_columns(path: str, schema: StructType, properties: dict[str, str]) -> set[str] | None:
     """The columns of the Delta table at `path`, read from its log by delta-rs; a table
-    not there yet is created empty with `schema` first. None when delta-rs cannot (a
-    table feature it lacks, a type :func:`etl.schema.arrow_schema` does not map)."""
+    not there yet is created empty with `schema` and `properties` first. None when
+    delta-rs cannot (a table feature it lacks, a type :func:`etl.schema.arrow_schema`
+    does not map)."""
     from deltalake import DeltaTable as RsTable
     from deltalake.exceptions import DeltaError
 
@@ -86,6 +101,7 @@ def _rs_columns(path: str, schema: StructType) -> set[str] | None:
         if table is not None:
             return set(table.schema().to_arrow().names)
         RsTable.create(storage.object_url(path), arrow_schema(schema), mode="ignore",
+                       configuration=properties or None,
                        storage_options=storage.delta_rs_storage(path, write=True))
         return set(schema.fieldNames())
     except TypeError:
