@@ -217,8 +217,9 @@ class LocalCommit(ExportCommit):
         kept: Sequence[Mapping[str, Any]] = (),
     ) -> dict:
         shutil.rmtree(os.path.join(self.staging, "_attempts"), ignore_errors=True)
+        subs = self._bucket_folders() if kept else []
         for record in kept:
-            self._link_kept(f"part-{record['partition']:05d}")
+            self._link_kept(f"part-{record['partition']:05d}", subs)
         results = sorted([*kept, *results], key=lambda r: r["partition"])
         parts = [f"part-{r['partition']:05d}" for r in results]
         if bucketed:
@@ -237,14 +238,22 @@ class LocalCommit(ExportCommit):
         self.drop_leftovers()
         return manifest
 
-    def _link_kept(self, part: str) -> None:
+    def _bucket_folders(self) -> list[str]:
+        """The export in place's bucket folders (none without buckets), listed once for
+        every partition a commit links."""
+        return sorted(sub for sub in os.listdir(self.out_dir)
+                      if not sub.startswith(("part-", "_", "."))
+                      and os.path.isdir(os.path.join(self.out_dir, sub)))
+
+    def _link_kept(self, part: str, subs: Sequence[str]) -> None:
         """Hard-link a partition of the export in place into staging (no data copied),
-        with its bucket folders (``<bucket>/part-N``) when the export has buckets.
-        Idempotent: a folder already linked by an interrupted commit is left as is."""
-        for sub in ["", *sorted(os.listdir(self.out_dir))]:
+        with its bucket folders (``<bucket>/part-N``, `subs`: :meth:`_bucket_folders`)
+        when the export has buckets. Idempotent: a folder already linked by an
+        interrupted commit is left as is."""
+        for sub in ["", *subs]:
             src = os.path.join(self.out_dir, sub, part)
             dst = os.path.join(self.staging, sub, part)
-            if sub.startswith(("part-", "_", ".")) or not os.path.isdir(src):
+            if not os.path.isdir(src):
                 continue
             if not os.path.exists(dst):
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
