@@ -132,3 +132,60 @@ def _manifest_version(spark, cfg) -> int:
     from etl.lakehouse.catalog import Catalog
 
     return Catalog.of(spark, cfg).manifest.version()
+
+
+def test_the_records_hint_counts_the_rows_of_the_files_to_open(tmp_path, monkeypatch):
+    """The hint curate starts the Python workers early by: the rows the parquet files
+    not skipped hold, by their footers (written here: 3 + 2 + 4 rows); None for a table
+    with a JSONL file (rows unknown without reading it). And the early start follows it:
+    more rows in the changed files than the driver prepares starts the workers, fewer
+    (or a first run) does not."""
+
+    folder = tmp_path / "table"
+    folder.mkdir()
+    _write(folder / "a.parquet", [0, 1, 2])
+    _write(folder / "b.parquet", [3, 4])
+    _write(folder / "c.parquet", [5, 6, 7, 8])
+    cfg = make_config(tmp_path, sources=[{
+        "name": "t", "kind": "table", "path": str(folder / "*.parquet"),
+        "columns": {"key": "id", "image": "image", "caption": "caption"}}])
+    (source,) = cfg.sources
+    adapter = adapter_for("table")
+    files = adapter.containers(source)
+    assert len(files) == 3
+    assert adapter.records_hint(source) == 9
+    a = next(u for u in files if u.endswith("/a.parquet"))
+    assert adapter.records_hint(source, frozenset({a})) == 6
+    assert adapter.records_hint(source, frozenset(files)) == 0
+    (folder / "d.jsonl").write_text('{"id": "j", "caption": "x"}\n')
+    jsonl = make_config(tmp_path, sources=[{
+        "name": "t", "kind": "table", "path": str(folder / "*"),
+        "columns": {"key": "id", "image": "image", "caption": "caption"}}])
+    assert adapter.records_hint(jsonl.sources[0]) is None
+    (folder / "d.jsonl").unlink()
+
+    started = []
+    monkeypatch.setattr(source_diff, "start_python_workers",
+                        lambda spark, what: started.append(what) or object())
+
+    class Manifest:
+        def __init__(self, exists):
+            self._exists = exists
+
+        def exists(self):
+            return self._exists
+
+        def version(self):
+            return 3
+
+    class State:  # the last run's memo: a.parquet unchanged, b.parquet changed
+        def table_containers(self, version):
+            assert version == 3
+            return {"t": {a: (files[a], 3), next(u for u in files if u.endswith("/b.parquet")):
+                          ("other", 2)}}
+
+    # b (2 rows, changed) and c (4 rows, new) are to be opened: 6 rows.
+    assert source_diff._workers_ahead(None, cfg, State(), Manifest(True), 5) is True
+    assert source_diff._workers_ahead(None, cfg, State(), Manifest(True), 6) is False
+    assert source_diff._workers_ahead(None, cfg, State(), Manifest(False), 0) is False
+    assert len(started) == 1
