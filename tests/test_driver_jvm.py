@@ -114,3 +114,24 @@ def test_two_runs_the_first_archives_the_second_maps_its_classes(tmp_path):
     from_jars = [line for line in spark_classes if "/pyspark/jars/" in line]
     assert len(mapped) > 3000 and len(from_jars) < 0.05 * len(mapped), from_jars[:5]
     archives[0].unlink()  # ~180 MB: not left in pytest's kept temp folders
+
+
+def test_stamps_resolve_each_folder_once_and_say_what_stamp_says(tmp_path):
+    """The archive key's file stamps, each folder resolved once, are the strings the
+    one-path stamp gives: for files in a folder reached through a link, and for a file
+    that is itself a link (resolved to its target, whose size it has)."""
+    import os
+
+    from etl.runtime.jvm import _stamp, _stamps
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "a.jar").write_bytes(b"a" * 3)
+    (real / "b.jar").write_bytes(b"b" * 5)
+    (tmp_path / "elsewhere.jar").write_bytes(b"c" * 7)
+    os.symlink(tmp_path / "elsewhere.jar", real / "c.jar")
+    os.symlink(real, tmp_path / "via")
+    paths = [str(tmp_path / "via" / n) for n in ("a.jar", "b.jar", "c.jar")]
+    assert _stamps(paths) == [_stamp(p) for p in paths]
+    assert _stamps(paths)[0].startswith(f"{os.path.realpath(real)}/a.jar:3:")
+    assert _stamps(paths)[2].startswith(f"{os.path.realpath(tmp_path)}/elsewhere.jar:7:")
