@@ -458,3 +458,83 @@ def test_copies_cluster_reruns_keep_ids_and_exports_skip_duplicates(spark, tmp_p
     assert d4.clusters == 2
     dedup_table = DedupTable(spark, cfg)
     assert dedup_table.stats(dedup_table.state())["sizes"] == {"2": 1, "4": 1}
+
+
+def test_the_change_feed_gives_each_ids_row_before_its_first_change_and_after_its_last():
+    """:func:`_first_and_last` over a change data feed as delta-rs hands it out (string
+    views, unsigned versions): an id updated twice (before: its first pre-image; after:
+    its last post-image), one inserted then updated (no before), one updated then
+    deleted (no after), one deleted then inserted again, and one whose file was
+    rewritten without a feed (a delete and an insert in the same version: what was
+    there comes first). Expected values written here, row by row."""
+    import pyarrow as pa
+
+    from etl.lakehouse.dedup_table import _first_and_last
+
+    events = [  # (id, is_canonical, change type, version)
+        ("twice", True, "update_preimage", 3), ("twice", False, "update_postimage", 3),
+        ("twice", False, "update_preimage", 5), ("twice", True, "update_postimage", 5),
+        ("new", True, "insert", 4), ("new", True, "update_preimage", 5),
+        ("new", False, "update_postimage", 5),
+        ("gone", True, "update_preimage", 3), ("gone", False, "update_postimage", 3),
+        ("gone", False, "delete", 6),
+        ("back", False, "delete", 3), ("back", True, "insert", 6),
+        ("file", True, "insert", 4), ("file", False, "delete", 4),
+    ]
+    feed = pa.table({
+        "sample_id": pa.array([e[0] for e in events], pa.string_view()),
+        "is_canonical": [e[1] for e in events],
+        "_change_type": pa.array([e[2] for e in events], pa.string_view()),
+        "_commit_version": pa.array([e[3] for e in events], pa.uint64()),
+    })
+    before, after = _first_and_last(feed)
+    assert before.schema.field("sample_id").type == pa.string()
+    assert dict(zip(*before.to_pydict().values(), strict=True)) == {
+        "twice": True, "gone": True, "back": False, "file": False}
+    assert dict(zip(*after.to_pydict().values(), strict=True)) == {
+        "twice": True, "new": False, "back": True, "file": True}
+    empty = _first_and_last(feed.slice(0, 0))
+    assert empty[0].num_rows == empty[1].num_rows == 0
+
+
+def test_canonical_changes_read_from_the_feed_equal_those_of_a_table_without_one(
+        spark, tmp_path):
+    """The same dedup rows written twice by delta-rs -- a 3-row table, then a MERGE that
+    flips one row, inserts one and leaves one unchanged, then a delete -- into a table
+    with a change data feed and one made without (the files added and removed are then
+    all delta-rs has): canonical changes since the first version are the same, and are
+    the changes made here."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from etl.lakehouse.dedup_table import CHANGE_FEED
+    from etl.schema import DEDUP_SCHEMA, arrow_schema
+    from etl.writers.delta import merge_dedup_rows
+
+    def row(i, canonical):
+        return {"sample_id": i, "source": "s", "image_sha256": f"h{i}", "dhash": 1,
+                "dup_cluster_id": "a", "is_canonical": canonical, "dup_kind": "unique",
+                "cluster_size": 1, "run_id": "r"}
+
+    schema = arrow_schema(DEDUP_SCHEMA)
+    answers = []
+    for feed in (True, False):
+        table = DedupTable(spark, make_config(tmp_path / str(feed)))
+        write_deltalake(table.path, pa.Table.from_pylist(
+            [row("a", True), row("b", True), row("c", False)], schema=schema),
+            configuration=CHANGE_FEED if feed else None)
+        merge_dedup_rows(table.path, pa.Table.from_pylist(
+            [row("a", False), row("b", True), row("d", True)], schema=schema), [],
+            ASSIGNMENT_COLUMNS)
+        merge_dedup_rows(table.path, pa.Table.from_pylist([], schema=schema), ["c"],
+                         ASSIGNMENT_COLUMNS)
+        assert os.path.isdir(os.path.join(table.path, "_change_data")) is feed
+        now, then, same = table.canonical_changes(0)
+        answers.append((now, then, dict(zip(*same.to_pydict().values(), strict=True))))
+        assert table.canonical_changes(2) == ({}, {}, table.canonical_changes(2)[2])
+    with_feed, without = answers
+    assert with_feed[0] == without[0] == {"a": False, "d": True}
+    assert with_feed[1] == without[1] == {"a": True, "c": False}
+    # Rows rewritten with the same status: "b" (updated to itself) in both; without a
+    # feed, every row of the rewritten file too.
+    assert with_feed[2] == {"b": True} and without[2] == {"b": True}
