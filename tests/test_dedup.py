@@ -532,6 +532,11 @@ def test_canonical_changes_read_from_the_feed_equal_those_of_a_table_without_one
         now, then, same = table.canonical_changes(0)
         answers.append((now, then, dict(zip(*same.to_pydict().values(), strict=True))))
         assert table.canonical_changes(2) == ({}, {}, table.canonical_changes(2)[2])
+        if feed:  # a change file vacuumed: unreadable, so the export diffs in full
+            folder = os.path.join(table.path, "_change_data")
+            for name in os.listdir(folder):
+                os.remove(os.path.join(folder, name))
+            assert table.canonical_changes(0) is None
     with_feed, without = answers
     assert with_feed[0] == without[0] == {"a": False, "d": True}
     assert with_feed[1] == without[1] == {"a": True, "c": False}

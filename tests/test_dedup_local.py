@@ -526,3 +526,23 @@ def test_near_hashes_equal_brute_force_hamming_distances():
                                       for n in new) for h in stored]
     assert got == expected
     assert 200 < sum(expected) < 400  # the planted copies within 4 bits, not the random
+    # Measured a few pairs at a time, and with numpy 1's byte-wise bit count: the same.
+    import numpy as np
+
+    from etl.lakehouse import dedup_increment
+
+    values = np.array([h for h in stored if h is not None], np.int64).view(np.uint64)
+    counts = [bin(int(v)).count("1") for v in values]
+    assert dedup_increment._bit_count(values).tolist() == counts
+    real = np.bitwise_count
+    try:
+        del np.bitwise_count
+        assert dedup_increment._bit_count(values).tolist() == counts
+    finally:
+        np.bitwise_count = real
+    small = dedup_increment._PAIRS
+    try:
+        dedup_increment._PAIRS = 3
+        assert near.near(pa.array(stored, pa.int64())).tolist() == expected
+    finally:
+        dedup_increment._PAIRS = small

@@ -163,6 +163,11 @@ def test_the_records_hint_counts_the_rows_of_the_files_to_open(tmp_path, monkeyp
         "columns": {"key": "id", "image": "image", "caption": "caption"}}])
     assert adapter.records_hint(jsonl.sources[0]) is None
     (folder / "d.jsonl").unlink()
+    urls = make_config(tmp_path, sources=[{  # a URL list: its rows are not its records'
+        "name": "u", "kind": "table", "path": str(folder / "*.parquet"),  # bytes
+        "columns": {"key": "id", "url": "caption"}}])
+    assert not adapter.hints_records(urls.sources[0])
+    assert adapter.records_hint(urls.sources[0]) is None
 
     started = []
     monkeypatch.setattr(source_diff, "start_python_workers",

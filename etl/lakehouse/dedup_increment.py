@@ -246,18 +246,36 @@ def _plain(batch):
         names=batch.schema.names)
 
 
+# Pairs (stored hash, new hash) measured at once: a batch whose rows share keys with
+# many new hashes (blank or placeholder images, one hash each) is measured in slices.
+_PAIRS = 1 << 20
+
+
+def _bit_count(x: np.ndarray) -> np.ndarray:
+    """Set bits of each uint64 of `x` (numpy 2's ``bitwise_count``; on an older numpy,
+    a runtime's own, by byte)."""
+    import numpy as np
+
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(x)
+    table = np.array([bin(i).count("1") for i in range(256)], np.uint8)
+    return table[x.view(np.uint8).reshape(-1, 8)].sum(axis=1)
+
+
 class _NearHashes:
-    """The new hashes, per LSH mask grouped by their key under it, to tell which stored
-    hashes lie within ``threshold`` bits of one of them (R2), batch by batch: a stored
-    hash's keys are looked up in a hash set of the new keys (Arrow's ``index_in``), and
-    only a hash sharing one is measured (numpy), against the new hashes with that key.
+    """The new hashes (each once), per LSH mask grouped by their key under it, to tell
+    which stored hashes lie within ``threshold`` bits of one of them (R2), batch by
+    batch: a stored hash's keys are looked up in a hash set of the new keys (Arrow's
+    ``index_in``), and only a hash sharing one, not yet found near, is measured (numpy,
+    at most :data:`_PAIRS` pairs at a time), against the new hashes with that key.
     Every pair within the threshold shares a key: exact recall and precision."""
 
     def __init__(self, added: list[dict], masks: list[int], threshold: int):
         import numpy as np
         import pyarrow as pa
 
-        hashes = np.array([r["dhash"] for r in added if r["dhash"] is not None], np.int64)
+        hashes = np.unique(np.array([r["dhash"] for r in added if r["dhash"] is not None],
+                                    np.int64))
         self.threshold = threshold
         self.bands = []
         for m in masks:
@@ -282,17 +300,30 @@ class _NearHashes:
             if not len(unique):
                 continue
             found = pc.index_in(pa.array(values & mask, pa.int64()), value_set=unique)
-            rows = np.flatnonzero(pc.is_valid(found).to_numpy(zero_copy_only=False))
-            if not len(rows):
-                continue
-            at = found.filter(pc.is_valid(found)).to_numpy().astype(np.int64)
-            per = counts[at]
-            row = np.repeat(rows, per)
-            first = np.repeat(starts[at] - (np.cumsum(per) - per), per)
-            other = hashes[first + np.arange(len(row))]
-            bits = np.bitwise_count((values[row] ^ other).view(np.uint64))
-            out[row[bits <= self.threshold]] = True
+            shares = pc.is_valid(found)
+            rows = np.flatnonzero(shares.to_numpy(zero_copy_only=False))
+            at = found.filter(shares).to_numpy().astype(np.int64)
+            todo = ~out[rows]  # a row found near already needs no other measure
+            rows, at = rows[todo], at[todo]
+            step = max(1, _PAIRS // int(counts.max()))  # rows whose pairs fit
+            for lo in range(0, len(rows), step):
+                self._measure(values, rows[lo:lo + step], at[lo:lo + step], starts, counts,
+                              hashes, out)
         return out & valid
+
+    def _measure(self, values, rows, at, starts, counts, hashes, out) -> None:
+        """Mark in `out` the `rows` within the threshold of a new hash with their key
+        (`at`: its place among the band's keys)."""
+        import numpy as np
+
+        if not len(rows):
+            return
+        per = counts[at]
+        row = np.repeat(rows, per)
+        first = np.repeat(starts[at] - (np.cumsum(per) - per), per)
+        other = hashes[first + np.arange(len(row))]
+        bits = _bit_count((values[row] ^ other).view(np.uint64))
+        out[row[bits <= self.threshold]] = True
 
 
 def _stored_local(table, masks: list[int], added: list[dict], ids: set[str],

@@ -351,9 +351,10 @@ class DedupTable:
         holds the rows a MERGE changed, not the file it rewrote around them; for
         versions written before the table had a feed, delta-rs answers from the files
         added and removed (every row of a rewritten file then comes back, the unchanged
-        ones as the third part). None when that cannot be told (`since` no longer
-        readable, its files vacuumed, deletion vectors, a table delta-rs cannot
-        read)."""
+        ones as the third part) -- unless the first version read is a metadata commit
+        without the feed, which delta-rs refuses. None when that cannot be told (`since`
+        no longer readable, its change or data files vacuumed, deletion vectors, a
+        table delta-rs cannot read)."""
         import pyarrow as pa
         import pyarrow.compute as pc
         from deltalake import DeltaTable
@@ -373,11 +374,18 @@ class DedupTable:
                     return None  # rows deleted in place: not told by the files
             if now.version() <= since:
                 return {}, {}, plain.empty_table()
-            feed = pa.table(now.load_cdf(
+            reader = now.load_cdf(
                 starting_version=since + 1, ending_version=now.version(),
-                columns=["sample_id", "is_canonical", "_change_type", "_commit_version"],
-            ).read_all())
+                columns=["sample_id", "is_canonical", "_change_type", "_commit_version"])
         except (DeltaError, OSError) as exc:
+            log.info("dedup: changes since version %d unreadable (%s)", since, exc)
+            return None
+        try:
+            # The files are opened here, as the stream is read; what fails then (a
+            # change file or a removed data file vacuumed, a storage error) comes
+            # through Arrow's stream interface as a plain Exception.
+            feed = pa.table(reader.read_all())
+        except Exception as exc:  # noqa: BLE001 -- the export then diffs in full
             log.info("dedup: changes since version %d unreadable (%s)", since, exc)
             return None
         before, after = _first_and_last(feed)

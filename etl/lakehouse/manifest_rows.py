@@ -37,7 +37,7 @@ class ManifestRows:
     for every question)."""
 
     table: pa.Table
-    _masks: dict = field(default_factory=dict, compare=False, repr=False)
+    _masks: dict = field(init=False, default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def read(cls, path: str, bound: int) -> ManifestRows | None:

@@ -610,6 +610,8 @@ def _workers_ahead(spark: SparkSession, cfg: Config, state: CurateState,
     Whether it started."""
     if not manifest.exists():
         return False  # a first run: listed in Spark's tasks, which start the daemon
+    if not all(adapter_for(s.kind).hints_records(s) for s in cfg.sources):
+        return False  # no listing for a hint that cannot be had (remote, not parquet)
     memo = state.table_containers(manifest.version())
     hints = []
     for s in cfg.sources:

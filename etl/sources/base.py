@@ -118,6 +118,11 @@ class SourceAdapter(ABC):
         by them (a table of parquet files with an ``image`` column)."""
         return False
 
+    def hints_records(self, source: SourceConfig) -> bool:
+        """Whether :meth:`records_hint` may answer for this source, told without
+        listing it (a local path, a kind that implements it)."""
+        return False
+
     def records_hint(self, source: SourceConfig,
                      skip: frozenset[str] = frozenset()) -> int | None:
         """How many records the containers not in `skip` hold, when the kind can tell

@@ -177,8 +177,13 @@ class TableSource(SourceAdapter):
         left = [f for f in self._files(source) if f[0] not in skip]
         return (bool(skip) and not left) or _read_in_driver(left)
 
+    def hints_records(self, source: SourceConfig) -> bool:
+        return "image" in source.columns and is_local_path(source.path)
+
     def records_hint(self, source: SourceConfig,
                      skip: frozenset[str] = frozenset()) -> int | None:
+        if not self.hints_records(source):
+            return None
         files = [f for f in self._files(source) if f[0] not in skip]
         if not all(f[0].startswith("file:") and f[1] == "parquet" and f[2] is None
                    for f in files):
