@@ -531,7 +531,8 @@ def test_canonical_changes_read_from_the_feed_equal_those_of_a_table_without_one
         assert os.path.isdir(os.path.join(table.path, "_change_data")) is feed
         now, then, same = table.canonical_changes(0)
         answers.append((now, then, dict(zip(*same.to_pydict().values(), strict=True))))
-        assert table.canonical_changes(2) == ({}, {}, table.canonical_changes(2)[2])
+        now2, then2, same2 = table.canonical_changes(2)  # the latest version: none
+        assert now2 == then2 == {} and same2.num_rows == 0
         if feed:  # a change file vacuumed: unreadable, so the export diffs in full
             folder = os.path.join(table.path, "_change_data")
             for name in os.listdir(folder):

@@ -173,24 +173,11 @@ def test_the_records_hint_counts_the_rows_of_the_files_to_open(tmp_path, monkeyp
     monkeypatch.setattr(source_diff, "start_python_workers",
                         lambda spark, what: started.append(what) or object())
 
-    class Manifest:
-        def __init__(self, exists):
-            self._exists = exists
-
-        def exists(self):
-            return self._exists
-
-        def version(self):
-            return 3
-
-    class State:  # the last run's memo: a.parquet unchanged, b.parquet changed
-        def table_containers(self, version):
-            assert version == 3
-            return {"t": {a: (files[a], 3), next(u for u in files if u.endswith("/b.parquet")):
-                          ("other", 2)}}
-
+    # The last run's memo: a.parquet unchanged, b.parquet changed; c.parquet is new.
+    memo = {"t": {a: (files[a], 3), next(u for u in files if u.endswith("/b.parquet")):
+                  ("other", 2)}}
     # b (2 rows, changed) and c (4 rows, new) are to be opened: 6 rows.
-    assert source_diff._workers_ahead(None, cfg, State(), Manifest(True), 5) is True
-    assert source_diff._workers_ahead(None, cfg, State(), Manifest(True), 6) is False
-    assert source_diff._workers_ahead(None, cfg, State(), Manifest(False), 0) is False
+    assert source_diff._workers_ahead(None, cfg, memo, 5) is True
+    assert source_diff._workers_ahead(None, cfg, memo, 6) is False
+    assert source_diff._workers_ahead(None, cfg, {}, 0) is False  # a first run: no memo
     assert len(started) == 1

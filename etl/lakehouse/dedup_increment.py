@@ -150,7 +150,8 @@ class StoredRows:
     """What :func:`stored_lookup` found in the dedup table."""
 
     rows: dict[str, dict]  # ASSIGNMENT_COLUMNS by id: the stored rows the plan needs
-    read: int  # stored rows the lookup took out of the table (before the distance check)
+    read: int  # stored rows the lookup took out of the table (Spark: those sharing a
+    # key, before the distance check; the driver: those within it)
 
 
 def _key_buckets(added: list[dict], cfg: DedupConfig) -> dict[tuple[int, int], list[int]]:
@@ -258,8 +259,8 @@ def _bit_count(x: np.ndarray) -> np.ndarray:
 
     if hasattr(np, "bitwise_count"):
         return np.bitwise_count(x)
-    table = np.array([bin(i).count("1") for i in range(256)], np.uint8)
-    return table[x.view(np.uint8).reshape(-1, 8)].sum(axis=1)
+    byte_bits = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1).sum(axis=1)
+    return byte_bits[x.view(np.uint8).reshape(-1, 8)].sum(axis=1)
 
 
 class _NearHashes:

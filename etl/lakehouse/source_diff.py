@@ -178,13 +178,13 @@ def _in_spark(spark: SparkSession, cfg: Config, manifest: _ManifestReads,
     rest compared with the manifest's rows on the driver where they are few
     (:func:`_compared_here`), else by Spark's join with its snapshot."""
     versions = _source_versions(spark, cfg)
-    ahead = (all(v is None for v in versions.values())
-             and _workers_ahead(spark, cfg, state, manifest, _prepare_here(cfg, prepare_rows)))
-    rows = (manifest.rows() if all(v is None for v in versions.values()) else None)
+    unversioned = all(v is None for v in versions.values())
+    memo = state.table_containers(manifest.version())  # {} without a manifest
+    ahead = unversioned and _workers_ahead(spark, cfg, memo, _prepare_here(cfg, prepare_rows))
+    rows = manifest.rows() if unversioned else None
     before = manifest.snapshot() if rows is None else None  # read before it is merged into
     reads = rows if rows is not None else (
         None if before is None else _Snapshot(manifest, before))
-    memo = state.table_containers(manifest.version()) if reads is not None else {}
     skip, skipped, current = _skipped_containers(cfg, reads, memo)
     if rows is not None and all(adapter_for(s.kind).lists_in_driver(
             s, skip.get(s.name, frozenset())) for s in cfg.sources):
@@ -257,14 +257,18 @@ def _skipped_containers(cfg: Config, reads: _ContainerReads | None, memo: Contai
             known = memo.get(s.name)
             if reads is None or not known:
                 continue
-            retried = reads.retried_containers(s.name)
-            skip[s.name] = frozenset(uri for uri, (fp, _) in known.items()
-                                     if listed.get(uri) == fp and uri not in retried)
+            skip[s.name] = _same_files(listed, known) - reads.retried_containers(s.name)
             counts[s.name] = sum(known[uri][1] for uri in skip[s.name])
         elif reads is not None and listed:
             known_groups = reads.container_groups(s.name)
             skip[s.name], counts[s.name] = unchanged_containers(listed, known_groups)
     return skip, counts, current
+
+
+def _same_files(listed: dict[str, str], known: dict[str, tuple[str, int]]) -> frozenset[str]:
+    """The table files listed now with the fingerprint (size, mtime) the last run's
+    memo of them has."""
+    return frozenset(uri for uri, (fp, _) in known.items() if listed.get(uri) == fp)
 
 
 def _read_containers(listed: DataFrame, current: dict[str, dict[str, str]],
@@ -598,28 +602,24 @@ def _small_night(spark: SparkSession, new: int, prepare_rows: int,
     return False
 
 
-def _workers_ahead(spark: SparkSession, cfg: Config, state: CurateState,
-                   manifest: _ManifestReads, prepare_rows: int) -> bool:
+def _workers_ahead(spark: SparkSession, cfg: Config, memo: ContainerMemo,
+                   prepare_rows: int) -> bool:
     """Start the executors' Python daemon before the manifest and the listing are read,
-    when the table files that changed since the last run's memo of them (new, or
+    when the table files that changed since the last run's `memo` of them (new, or
     another size or mtime) hold, by their sources'
     :meth:`~etl.sources.base.SourceAdapter.records_hint`, more records than the driver
     prepares: the daemon's start (~1.7 s on a 2-core machine) then overlaps the
     driver's reads and comparison instead of following them. A hint only: files with a
-    record to retry are opened too, and a changed file's records may all be known.
+    record to retry are opened too, and a changed file's records may all be known. No
+    memo (a first run: listed in Spark's tasks, which start the daemon), no hint.
     Whether it started."""
-    if not manifest.exists():
-        return False  # a first run: listed in Spark's tasks, which start the daemon
-    if not all(adapter_for(s.kind).hints_records(s) for s in cfg.sources):
-        return False  # no listing for a hint that cannot be had (remote, not parquet)
-    memo = state.table_containers(manifest.version())
+    if not memo or not all(adapter_for(s.kind).hints_records(s) for s in cfg.sources):
+        return False  # nothing listed for a hint that cannot be had (remote, not parquet)
     hints = []
     for s in cfg.sources:
         adapter = adapter_for(s.kind)
         known = memo.get(s.name, {})
-        listed = adapter.containers(s) if known else None
-        same = frozenset(uri for uri, fp in (listed or {}).items()
-                         if uri in known and known[uri][0] == fp)
+        same = _same_files(adapter.containers(s) or {}, known) if known else frozenset()
         hints.append(adapter.records_hint(s, same))
     if any(h is None for h in hints) or sum(hints) <= prepare_rows:
         return False

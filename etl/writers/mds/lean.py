@@ -1,9 +1,9 @@
 """streaming's packages registered bare, so that the MDS writer's modules import
 without torch (:func:`lean_streaming`).
 
-A module of its own: the writer (:mod:`etl.writers.mds.writer`) registers them before
-its imports, and the writing task (:mod:`etl.writers.mds.task`) before it imports the
-writer on a thread.
+A module of its own, which the writer (:mod:`etl.writers.mds.writer`) calls before its
+imports: the writing task imports the writer, so a helper kept in the task's module
+would make an import cycle.
 """
 
 from __future__ import annotations
